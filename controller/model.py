@@ -1,0 +1,514 @@
+"""The RunnerPool resource of CONTRACT.md section 4, as pydantic models.
+
+The same models validate Kubernetes custom resources (operator) and pool files
+(standalone), so both front doors accept and reject the same documents. Python
+attributes are snake_case; documents use the camelCase aliases.
+
+Bounds beyond the contract's wording (keep the CRD schema in step with them):
+- every integer is a strict integer (``"5"`` and ``true`` are rejected, as a structural
+  CRD schema does) and at most 2**31 - 1;
+- ``cpu >= 1`` and ``memoryMB >= 10`` (Nomad's own minimum task resources);
+- ``ports`` are unique, 1..65535, and need ``network: bridge`` (with ``none`` there is
+  nothing to expose them on);
+- ``datacenters`` is a non-empty list of non-empty strings;
+- ``nomad.namespace`` and ``nodePool`` follow Nomad's name rules;
+- ``command`` may be empty (the image's own entrypoint runs); when given, its first
+  element is non-empty;
+- ``env`` keys match ``[A-Za-z_][A-Za-z0-9_]*``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
+
+API_VERSION: Final = "poolkeeper.dev/v1alpha1"
+KIND: Final = "RunnerPool"
+
+INT32_MAX: Final = 2**31 - 1
+JOB_PREFIX_PATTERN: Final = r"^[a-z0-9][a-z0-9-]{0,62}-$"
+# DNS-1123 subdomain (object names) and label (namespaces), as Kubernetes checks them.
+_DNS_LABEL: Final = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS_SUBDOMAIN_RE: Final = re.compile(rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*$")
+DNS_LABEL_RE: Final = re.compile(rf"^{_DNS_LABEL}$")
+# Nomad's own validation of namespace and node pool names.
+NOMAD_NAMESPACE_RE: Final = re.compile(r"^[a-zA-Z0-9-]{1,128}$")
+NOMAD_NODE_POOL_RE: Final = re.compile(r"^[a-zA-Z0-9-_.]{1,128}$")
+ENV_KEY_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# Derived job prefixes keep room for the 12 hex characters of a runner ID.
+DERIVED_PREFIX_MAX: Final = 50
+META_RESERVED_PREFIX: Final = "poolkeeper_"
+# jobTemplate keys owned by poolkeeper at job level (compared case-insensitively).
+RESERVED_JOB_KEYS: Final = frozenset({"id", "name", "namespace", "type"})
+# Nomad fields holding maps: their keys are data (case-sensitive), not struct fields.
+MAP_FIELDS: Final = frozenset({"meta", "env", "config"})
+
+# The error type and context key validators use to point below the validated field.
+_ERROR_TYPE: Final = "poolkeeper_invalid"
+_SUBPATH: Final = "poolkeeper_subpath"
+
+Count = Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]
+Seconds = Annotated[StrictInt, Field(gt=0, le=INT32_MAX)]
+
+
+def _invalid(message: str, subpath: str = "") -> PydanticCustomError:
+    """An error whose field path ends in ``subpath`` below where it was raised."""
+    # Only ``{<context key>}`` is substituted, so other braces (regexes) stay as they are.
+    return PydanticCustomError(_ERROR_TYPE, message, {_SUBPATH: subpath})
+
+
+class DeletionPolicy(StrEnum):
+    DRAIN = "Drain"
+    DELETE = "Delete"
+    ORPHAN = "Orphan"
+
+
+class NetworkMode(StrEnum):
+    NONE = "none"
+    BRIDGE = "bridge"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class ObjectMeta(BaseModel):
+    """The part of Kubernetes metadata poolkeeper reads; other keys are ignored."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    name: Annotated[StrictStr, Field(min_length=1, max_length=253)]
+    namespace: Annotated[StrictStr, Field(min_length=1, max_length=63)] = "default"
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_subdomain(cls, value: str) -> str:
+        if not DNS_SUBDOMAIN_RE.fullmatch(value):
+            raise _invalid(
+                "must be a DNS-1123 subdomain (lowercase letters, digits, '-' and '.', "
+                "starting and ending with a letter or digit)"
+            )
+        return value
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace_is_label(cls, value: str) -> str:
+        if not DNS_LABEL_RE.fullmatch(value):
+            raise _invalid("must be a DNS-1123 label (lowercase letters, digits and '-')")
+        return value
+
+
+class ClaimsSpec(_Model):
+    default_inactivity_timeout_seconds: Seconds = 300
+    max_inactivity_timeout_seconds: Seconds = 3600
+
+    @model_validator(mode="after")
+    def _default_within_max(self) -> ClaimsSpec:
+        if self.default_inactivity_timeout_seconds > self.max_inactivity_timeout_seconds:
+            raise _invalid(
+                "must not be greater than maxInactivityTimeoutSeconds "
+                f"({self.max_inactivity_timeout_seconds})",
+                "defaultInactivityTimeoutSeconds",
+            )
+        return self
+
+
+class RunnerSpec(_Model):
+    image: Annotated[StrictStr, Field(min_length=1)]
+    command: list[StrictStr] = Field(default_factory=lambda: ["sleep", "infinity"])
+    cpu: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] = 100
+    memory_mb: Annotated[StrictInt, Field(ge=10, le=INT32_MAX, alias="memoryMB")] = 128
+    memory_max_mb: Annotated[StrictInt | None, Field(ge=10, le=INT32_MAX, alias="memoryMaxMB")] = (
+        None
+    )
+    network: NetworkMode = NetworkMode.NONE
+    ports: list[Annotated[StrictInt, Field(ge=1, le=65535)]] = Field(default_factory=list)
+    env: dict[str, StrictStr] = Field(default_factory=dict)
+
+    @field_validator("image")
+    @classmethod
+    def _image_not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise _invalid("must not be blank")
+        return value
+
+    @field_validator("command")
+    @classmethod
+    def _command_names_a_program(cls, value: list[str]) -> list[str]:
+        if value and not value[0]:
+            raise _invalid("the program (first element) must not be empty", "[0]")
+        return value
+
+    @field_validator("ports")
+    @classmethod
+    def _ports_unique(cls, value: list[int]) -> list[int]:
+        seen: set[int] = set()
+        for index, port in enumerate(value):
+            if port in seen:
+                raise _invalid(f"duplicate port {port}", f"[{index}]")
+            seen.add(port)
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_keys_valid(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not ENV_KEY_RE.fullmatch(key):
+                raise _invalid(
+                    "invalid variable name (letters, digits and '_', not starting with a digit)",
+                    key,
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> RunnerSpec:
+        if self.memory_max_mb is not None and self.memory_max_mb < self.memory_mb:
+            raise _invalid(f"must not be less than memoryMB ({self.memory_mb})", "memoryMaxMB")
+        if self.ports and self.network is not NetworkMode.BRIDGE:
+            raise _invalid("ports need network: bridge", "ports")
+        return self
+
+
+class NomadSpec(_Model):
+    namespace: StrictStr = "default"
+    datacenters: Annotated[list[Annotated[StrictStr, Field(min_length=1)]], Field(min_length=1)] = (
+        Field(default_factory=lambda: ["*"])
+    )
+    node_pool: StrictStr | None = None
+    job_prefix: StrictStr | None = None
+    job_template: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace_valid(cls, value: str) -> str:
+        if not NOMAD_NAMESPACE_RE.fullmatch(value):
+            raise _invalid("must be 1-128 letters, digits or '-' (a Nomad namespace name)")
+        return value
+
+    @field_validator("node_pool")
+    @classmethod
+    def _node_pool_valid(cls, value: str | None) -> str | None:
+        if value is not None and not NOMAD_NODE_POOL_RE.fullmatch(value):
+            raise _invalid("must be 1-128 letters, digits, '-', '_' or '.' (a Nomad node pool)")
+        return value
+
+    @field_validator("job_prefix")
+    @classmethod
+    def _job_prefix_valid(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(JOB_PREFIX_PATTERN, value):
+            raise _invalid(f"must match {JOB_PREFIX_PATTERN}")
+        return value
+
+    @field_validator("job_template")
+    @classmethod
+    def _job_template_valid(cls, value: dict[str, Any]) -> dict[str, Any]:
+        problem = next(iter(job_template_problems(value)), None)
+        if problem is not None:
+            raise _invalid(problem.message, problem.path)
+        return value
+
+
+class RunnerPoolSpec(_Model):
+    idle_runners: Count
+    max_runners: Count = 100
+    startup_timeout_seconds: Seconds = 120
+    claims: ClaimsSpec = Field(default_factory=ClaimsSpec)
+    runner: RunnerSpec
+    nomad: NomadSpec = Field(default_factory=NomadSpec)
+    deletion_policy: DeletionPolicy = DeletionPolicy.DRAIN
+    drain_timeout_seconds: Seconds = 3600
+
+    @model_validator(mode="after")
+    def _idle_within_max(self) -> RunnerPoolSpec:
+        if self.idle_runners > self.max_runners:
+            raise _invalid(
+                f"must not be greater than maxRunners ({self.max_runners})", "idleRunners"
+            )
+        return self
+
+    def job_prefix_for(self, name: str) -> str:
+        """The effective job prefix of a pool called ``name`` with this spec."""
+        if self.nomad.job_prefix is not None:
+            return self.nomad.job_prefix
+        return derive_job_prefix(name)
+
+
+class RunnerPool(_Model):
+    api_version: Literal["poolkeeper.dev/v1alpha1"] = API_VERSION
+    kind: Literal["RunnerPool"] = KIND
+    metadata: ObjectMeta
+    spec: RunnerPoolSpec
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_status(cls, data: Any) -> Any:
+        # Kubernetes sends the status with the object; it is output, never input.
+        if isinstance(data, Mapping) and "status" in data:
+            return {k: v for k, v in data.items() if k != "status"}
+        return data
+
+    @classmethod
+    def parse_document(cls, document: Any) -> RunnerPool:
+        """Validate a RunnerPool document (a file's or Kubernetes'): camelCase keys only,
+        ``apiVersion`` and ``kind`` required. Raises ``pydantic.ValidationError``."""
+        if isinstance(document, Mapping):
+            missing = [key for key in ("apiVersion", "kind") if key not in document]
+            if missing:
+                raise ValidationError.from_exception_data(
+                    cls.__name__,
+                    [{"type": "missing", "loc": (key,), "input": document} for key in missing],
+                )
+        return cls.model_validate(document, by_alias=True, by_name=False)
+
+    @property
+    def key(self) -> str:
+        """``<namespace>/<name>``: the pool's identity, also its ``poolkeeper_pool`` Meta."""
+        return f"{self.metadata.namespace}/{self.metadata.name}"
+
+    @property
+    def job_prefix(self) -> str:
+        return self.spec.job_prefix_for(self.metadata.name)
+
+    @property
+    def nomad_namespace(self) -> str:
+        return self.spec.nomad.namespace
+
+
+def derive_job_prefix(name: str) -> str:
+    """The default job prefix: dots as dashes, cut to 50 characters, then ``-``."""
+    return name.replace(".", "-")[:DERIVED_PREFIX_MAX] + "-"
+
+
+def pool_key(namespace: str, name: str) -> str:
+    return f"{namespace}/{name}"
+
+
+# --- jobTemplate checks ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One problem of a document: ``path`` in contract spelling (``spec.runner.image``)."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+def _join(path: str, part: str | int) -> str:
+    if isinstance(part, int):
+        return f"{path}[{part}]"
+    if part.startswith("["):
+        return path + part
+    return f"{path}.{part}" if path else part
+
+
+def _lookup(obj: Mapping[str, Any], name: str) -> tuple[str, Any] | None:
+    """The key of ``obj`` equal to ``name`` ignoring case, as Nomad's JSON decoder reads it."""
+    for key, value in obj.items():
+        if isinstance(key, str) and key.lower() == name:
+            return key, value
+    return None
+
+
+def _json_problems(value: Any, path: str, in_map: bool) -> Iterator[FieldError]:
+    """Values JSON cannot carry, and keys Nomad would read as one field."""
+    if isinstance(value, Mapping):
+        seen: dict[str, str] = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                yield FieldError(path, f"key {key!r} must be a string")
+                continue
+            if not in_map:
+                folded = key.lower()
+                if folded in seen:
+                    yield FieldError(
+                        _join(path, key),
+                        f"duplicates {seen[folded]!r} (Nomad reads JSON keys case-insensitively)",
+                    )
+                seen[folded] = key
+            yield from _json_problems(item, _join(path, key), in_map or key.lower() in MAP_FIELDS)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _json_problems(item, _join(path, index), in_map)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            yield FieldError(path, "must be a finite number")
+    elif value is not None and not isinstance(value, str | int | bool):
+        yield FieldError(path, f"a {type(value).__name__} is not a JSON value")
+
+
+def _meta_problems(obj: Mapping[str, Any], path: str) -> Iterator[FieldError]:
+    found = _lookup(obj, "meta")
+    if found is None:
+        return
+    key, meta = found
+    if not isinstance(meta, Mapping):
+        yield FieldError(_join(path, key), "must be an object")
+        return
+    for name, value in meta.items():
+        if isinstance(name, str) and name.lower().startswith(META_RESERVED_PREFIX):
+            yield FieldError(
+                _join(_join(path, key), name), "poolkeeper_* Meta is set by poolkeeper"
+            )
+        elif not isinstance(value, str):
+            yield FieldError(_join(_join(path, key), str(name)), "Meta values must be strings")
+
+
+def _single_list(
+    obj: Mapping[str, Any], name: str, path: str
+) -> tuple[list[FieldError], list[tuple[str, Mapping[str, Any]]]]:
+    """Checks a TaskGroups/Tasks list: at most one object. Returns (errors, [(path, item)])."""
+    found = _lookup(obj, name)
+    if found is None:
+        return [], []
+    key, items = found
+    here = _join(path, key)
+    if not isinstance(items, list):
+        return [FieldError(here, "must be a list")], []
+    if len(items) > 1:
+        return [FieldError(here, "must hold at most one element (the runner's)")], []
+    if items and not isinstance(items[0], Mapping):
+        return [FieldError(_join(here, 0), "must be an object")], []
+    return [], [(_join(here, 0), item) for item in items]
+
+
+def job_template_problems(template: Mapping[str, Any]) -> list[FieldError]:
+    """Everything wrong with a jobTemplate; paths are relative to the template."""
+    problems = list(_json_problems(template, "", in_map=False))
+    for key in template:
+        if isinstance(key, str) and key.lower() in RESERVED_JOB_KEYS:
+            problems.append(FieldError(key, "is set by poolkeeper"))
+        elif isinstance(key, str) and key.lower() == "job":
+            problems.append(
+                FieldError(key, "jobTemplate is the job itself, not a register request")
+            )
+    problems.extend(_meta_problems(template, ""))
+    errors, groups = _single_list(template, "taskgroups", "")
+    problems.extend(errors)
+    for group_path, group in groups:
+        count = _lookup(group, "count")
+        if count is not None:
+            problems.append(FieldError(_join(group_path, count[0]), "is set by poolkeeper"))
+        problems.extend(_meta_problems(group, group_path))
+        errors, tasks = _single_list(group, "tasks", group_path)
+        problems.extend(errors)
+        for task_path, task in tasks:
+            problems.extend(_meta_problems(task, task_path))
+    return problems
+
+
+# --- turning pydantic errors into contract paths -----------------------------------------
+
+
+def _field_tables() -> dict[type[BaseModel], dict[str, tuple[str, type[BaseModel] | None]]]:
+    """Per model: attribute name or alias -> (alias, nested model)."""
+    tables: dict[type[BaseModel], dict[str, tuple[str, type[BaseModel] | None]]] = {}
+    for model in (RunnerPool, ObjectMeta, RunnerPoolSpec, ClaimsSpec, RunnerSpec, NomadSpec):
+        table: dict[str, tuple[str, type[BaseModel] | None]] = {}
+        for name, info in model.model_fields.items():
+            alias = info.alias or name
+            annotation = info.annotation
+            nested = (
+                annotation
+                if isinstance(annotation, type) and issubclass(annotation, BaseModel)
+                else None
+            )
+            table[name] = table[alias] = (alias, nested)
+        tables[model] = table
+    return tables
+
+
+_MODELS_BY_TITLE: Final[dict[str, type[BaseModel]]] = {
+    model.__name__: model
+    for model in (RunnerPool, ObjectMeta, RunnerPoolSpec, ClaimsSpec, RunnerSpec, NomadSpec)
+}
+_FIELD_TABLES: Final = _field_tables()
+
+
+def _message(error: Mapping[str, Any]) -> str:
+    kind = error["type"]
+    if kind == "missing":
+        return "field required"
+    if kind == "extra_forbidden":
+        return "unknown field"
+    message = str(error["msg"])
+    if kind.startswith("value_error"):
+        message = message.removeprefix("Value error, ")
+    if len(message) > 1 and message[0].isupper() and message[1].islower():
+        message = message[0].lower() + message[1:]
+    return message
+
+
+def validation_errors(exc: ValidationError, root: str = "") -> list[FieldError]:
+    """The errors of ``exc`` with contract paths (``spec.runner.memoryMB``, camelCase).
+
+    ``root`` is prepended, e.g. ``"spec"`` when only a ``RunnerPoolSpec`` was validated.
+    """
+    result: list[FieldError] = []
+    model: type[BaseModel] | None = _MODELS_BY_TITLE.get(exc.title)
+    for error in exc.errors():
+        path = root
+        current = model
+        loc = error["loc"]
+        for index, part in enumerate(loc):
+            # An unknown key is shown as written, even where it spells an attribute name.
+            verbatim = error["type"] == "extra_forbidden" and index == len(loc) - 1
+            if (
+                isinstance(part, str)
+                and current is not None
+                and not verbatim
+                and part in _FIELD_TABLES[current]
+            ):
+                alias, current = _FIELD_TABLES[current][part]
+                path = _join(path, alias)
+            elif part == "[key]":
+                path = _join(path, "(key)")
+                current = None
+            else:
+                # Below an opaque field (env, jobTemplate, list items) names are data.
+                path = _join(path, part)
+                current = None
+        ctx = error.get("ctx") or {}
+        subpath = ctx.get(_SUBPATH, "")
+        if subpath:
+            path = _join(path, subpath)
+        result.append(FieldError(path, _message(error)))
+    return result
+
+
+def format_validation_error(exc: ValidationError, root: str = "") -> str:
+    """All errors of ``exc`` on one line: ``spec.runner.image: field required; ...``."""
+    return "; ".join(str(error) for error in validation_errors(exc, root))
+
+
+def immutable_changes(old: RunnerPool, new: RunnerPool) -> list[str]:
+    """The immutable fields (CONTRACT.md section 4) that differ between two versions."""
+    changed: list[str] = []
+    if old.spec.nomad.namespace != new.spec.nomad.namespace:
+        changed.append("spec.nomad.namespace")
+    if old.job_prefix != new.job_prefix:
+        changed.append("spec.nomad.jobPrefix")
+    return changed

@@ -1,0 +1,238 @@
+"""RunnerPool documents from YAML files, and the reload rules of CONTRACT.md section 3.
+
+``load_pools`` never raises for bad content: every invalid document becomes a
+``PoolFileError`` and the valid pools are returned beside them. Only a path that does
+not exist (or is neither file nor folder) raises ``ConfigError``. ``reload`` is pure: it
+decides from the previous pools and a new ``LoadResult`` what runs next.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from controller.model import RunnerPool, immutable_changes, pool_key, validation_errors
+
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
+class ConfigError(Exception):
+    """The pools path itself is unusable (missing, not a file or folder)."""
+
+
+@dataclass(frozen=True)
+class PoolFileError:
+    """One problem in a pool file. ``field`` is "" when the problem is not one field's
+    (YAML syntax, an unreadable file, a document that is not a mapping)."""
+
+    file: Path
+    document: int
+    field: str
+    message: str
+    key: str | None = None
+
+    def __str__(self) -> str:
+        where = f"{self.file} document {self.document}"
+        return (
+            f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
+        )
+
+
+@dataclass(frozen=True)
+class Location:
+    file: Path
+    document: int
+
+
+@dataclass
+class LoadResult:
+    pools: list[RunnerPool] = field(default_factory=list)
+    errors: list[PoolFileError] = field(default_factory=list)
+    # Every pool key seen, valid or not, with the document that defines it (the first
+    # one when duplicated); insertion order is document order.
+    locations: dict[str, Location] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        """Whether every document could be attributed to a pool: no syntax error, no
+        unreadable file, no document without a readable name. Only then can a pool that
+        is missing from the files be told apart from one that merely failed to parse."""
+        return all(error.key is not None for error in self.errors)
+
+
+def _pool_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        # Dotfiles are editor and tooling leftovers (``.#pools.yaml``), never pools.
+        return sorted(
+            child
+            for child in path.iterdir()
+            if child.suffix in YAML_SUFFIXES and not child.name.startswith(".") and child.is_file()
+        )
+    if path.exists():
+        raise ConfigError(f"--pools {path}: neither a file nor a folder")
+    raise ConfigError(f"--pools {path}: no such file or folder")
+
+
+def _read_key(document: Any) -> str | None:
+    """``<namespace>/<name>`` if the document's metadata says so, even when invalid."""
+    if not isinstance(document, Mapping):
+        return None
+    metadata = document.get("metadata")
+    if not isinstance(metadata, Mapping):
+        return None
+    name = metadata.get("name")
+    namespace = metadata.get("namespace", "default")
+    if not isinstance(name, str) or not name or not isinstance(namespace, str):
+        return None
+    return pool_key(namespace, name)
+
+
+def _syntax_message(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    return f"YAML syntax error: {problem}{where}; no pool of this file was loaded"
+
+
+def _load_file(path: Path, result: LoadResult) -> None:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        result.errors.append(PoolFileError(path, 0, "", f"cannot read the file: {exc}"))
+        return
+    documents: list[Any] = []
+    try:
+        # Parse the whole file first: a syntax error anywhere makes the file suspect.
+        for document in yaml.safe_load_all(text):
+            documents.append(document)
+    except yaml.YAMLError as exc:
+        result.errors.append(PoolFileError(path, len(documents), "", _syntax_message(exc)))
+        return
+
+    for index, document in enumerate(documents):
+        if document is None:  # an empty document, e.g. after a trailing "---"
+            continue
+        key = _read_key(document)
+        if key is not None and key in result.locations:
+            first = result.locations[key]
+            result.errors.append(
+                PoolFileError(
+                    path,
+                    index,
+                    "metadata.name",
+                    f"duplicate RunnerPool {key} (first defined in {first.file} "
+                    f"document {first.document})",
+                    key,
+                )
+            )
+            continue
+        if key is not None:
+            result.locations[key] = Location(path, index)
+        if not isinstance(document, Mapping):
+            result.errors.append(
+                PoolFileError(path, index, "", "a RunnerPool document must be a mapping")
+            )
+            continue
+        try:
+            pool = RunnerPool.parse_document(document)
+        except ValidationError as exc:
+            result.errors.extend(
+                PoolFileError(path, index, error.path, error.message, key)
+                for error in validation_errors(exc)
+            )
+            continue
+        result.pools.append(pool)
+
+
+def load_pools(path: Path | str) -> LoadResult:
+    """Every RunnerPool of ``path`` (a YAML file, or a folder's ``*.yaml``/``*.yml``
+    files sorted by name, not recursive), in document order, with every problem found."""
+    result = LoadResult()
+    for file in _pool_files(Path(path)):
+        _load_file(file, result)
+    return result
+
+
+@dataclass
+class ReloadOutcome:
+    """What runs after a reload, and why.
+
+    ``pools`` is the effective set in document order (kept old versions sit where their
+    document is; pools kept because the load was incomplete come last, in their old
+    order). ``removed`` pools follow their deletionPolicy (their last version is in the
+    ``previous`` mapping given to ``reload``).
+    """
+
+    pools: dict[str, RunnerPool]
+    added: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    # Every problem: the load's errors, then the refused immutable changes.
+    errors: list[PoolFileError] = field(default_factory=list)
+    # Only the refused immutable changes (the load's own errors are in LoadResult.errors).
+    refused: list[PoolFileError] = field(default_factory=list)
+
+
+def _immutable_value(pool: RunnerPool, path: str) -> str:
+    return pool.spec.nomad.namespace if path == "spec.nomad.namespace" else pool.job_prefix
+
+
+def reload(previous: Mapping[str, RunnerPool], result: LoadResult) -> ReloadOutcome:
+    """Apply CONTRACT.md section 3 to a new load: valid pools replace their previous
+    version; an invalid document, or a change of an immutable field, keeps the previous
+    version (reported); a pool absent from the files is removed, unless some document
+    could not be attributed to a pool (then nothing is removed: a parse error never
+    deletes anything)."""
+    outcome = ReloadOutcome(pools={}, errors=list(result.errors))
+    valid = {pool.key: pool for pool in result.pools}
+
+    for key, location in result.locations.items():
+        old = previous.get(key)
+        new = valid.get(key)
+        if new is None:
+            if old is not None:  # its document is invalid: keep the last valid version
+                outcome.pools[key] = old
+                outcome.kept.append(key)
+            continue
+        if old is None:
+            outcome.pools[key] = new
+            outcome.added.append(key)
+            continue
+        refused = immutable_changes(old, new)
+        if refused:
+            outcome.pools[key] = old
+            outcome.kept.append(key)
+            outcome.refused.extend(
+                PoolFileError(
+                    location.file,
+                    location.document,
+                    path,
+                    f"is immutable ({_immutable_value(old, path)!r} cannot become "
+                    f"{_immutable_value(new, path)!r}); the previous version is kept",
+                    key,
+                )
+                for path in refused
+            )
+            continue
+        outcome.pools[key] = new
+        (outcome.unchanged if new == old else outcome.updated).append(key)
+
+    outcome.errors.extend(outcome.refused)
+    for key, old in previous.items():
+        if key in outcome.pools:
+            continue
+        if result.complete:
+            outcome.removed.append(key)
+        else:
+            outcome.pools[key] = old
+            outcome.kept.append(key)
+    return outcome

@@ -1,0 +1,262 @@
+"""Pool files (loading, error reports) and the reload rules of CONTRACT.md section 3."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.model import RunnerPool
+from controller.pools_file import (
+    ConfigError,
+    LoadResult,
+    PoolFileError,
+    load_pools,
+    reload,
+)
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "pools.yaml"
+
+
+def pool_yaml(name: str, idle: int = 2, image: str = "python:3.12", extra: str = "") -> str:
+    return (
+        "apiVersion: poolkeeper.dev/v1alpha1\n"
+        "kind: RunnerPool\n"
+        f"metadata: {{name: {name}}}\n"
+        "spec:\n"
+        f"  idleRunners: {idle}\n"
+        f"  runner: {{image: '{image}'}}\n"
+        f"{extra}"
+    )
+
+
+def write(path: Path, *documents: str) -> Path:
+    path.write_text("---\n".join(documents))
+    return path
+
+
+def keys(result: LoadResult) -> list[str]:
+    return [p.key for p in result.pools]
+
+
+def test_example_file_is_valid() -> None:
+    result = load_pools(EXAMPLES)
+    assert result.errors == []
+    assert len(result.pools) >= 2
+    # The dotted name shows prefix derivation; prefixes must differ or one pool is refused.
+    assert any("." in p.metadata.name for p in result.pools)
+    assert len({(p.nomad_namespace, p.job_prefix) for p in result.pools}) == len(result.pools)
+
+
+def test_multi_document_file_keeps_document_order(tmp_path: Path) -> None:
+    file = write(tmp_path / "pools.yaml", pool_yaml("b"), pool_yaml("a"), pool_yaml("c"))
+    result = load_pools(file)
+    assert keys(result) == ["default/b", "default/a", "default/c"]
+    assert result.errors == [] and result.complete
+
+
+def test_invalid_document_is_reported_and_skipped(tmp_path: Path) -> None:
+    file = write(
+        tmp_path / "pools.yaml",
+        pool_yaml("a"),
+        pool_yaml("b", extra="  bogus: 1\n"),
+        pool_yaml("c", idle=-1),
+        pool_yaml("d"),
+    )
+    result = load_pools(file)
+    assert keys(result) == ["default/a", "default/d"]
+    assert result.errors == [
+        PoolFileError(file, 1, "spec.bogus", "unknown field", "default/b"),
+        PoolFileError(
+            file, 2, "spec.idleRunners", "input should be greater than or equal to 0", "default/c"
+        ),
+    ]
+
+
+def test_error_string_names_file_document_and_field(tmp_path: Path) -> None:
+    file = write(
+        tmp_path / "pools.yaml",
+        pool_yaml("a"),
+        pool_yaml("b"),
+        "apiVersion: poolkeeper.dev/v1alpha1\nkind: RunnerPool\n"
+        "metadata: {name: c}\nspec: {idleRunners: 1, runner: {}}\n",
+    )
+    (error,) = load_pools(file).errors
+    assert str(error) == f"{file} document 2: spec.runner.image: field required"
+
+
+def test_folder_reads_yaml_and_yml_sorted_not_recursive(tmp_path: Path) -> None:
+    write(tmp_path / "b.yml", pool_yaml("from-b"))
+    write(tmp_path / "a.yaml", pool_yaml("from-a"))
+    write(tmp_path / "c.json", pool_yaml("ignored-json"))
+    write(tmp_path / ".hidden.yaml", pool_yaml("ignored-hidden"))
+    (tmp_path / "sub").mkdir()
+    write(tmp_path / "sub" / "d.yaml", pool_yaml("ignored-sub"))
+    assert keys(load_pools(tmp_path)) == ["default/from-a", "default/from-b"]
+
+
+def test_folder_with_a_good_and_a_bad_file(tmp_path: Path) -> None:
+    write(tmp_path / "1-good.yaml", pool_yaml("good"))
+    bad = write(tmp_path / "2-bad.yaml", pool_yaml("bad", image=""))
+    result = load_pools(tmp_path)
+    assert keys(result) == ["default/good"]
+    assert [(e.file, e.document, e.field, e.key) for e in result.errors] == [
+        (bad, 0, "spec.runner.image", "default/bad")
+    ]
+
+
+def test_syntax_error_reports_the_file_and_keeps_the_others(tmp_path: Path) -> None:
+    write(tmp_path / "a.yaml", pool_yaml("a"))
+    broken = write(tmp_path / "b.yaml", pool_yaml("b"), "spec: [unclosed\n")
+    write(tmp_path / "c.yaml", pool_yaml("c"))
+    result = load_pools(tmp_path)
+    assert keys(result) == ["default/a", "default/c"]  # not even b's good first document
+    (error,) = result.errors
+    assert (error.file, error.document, error.field, error.key) == (broken, 1, "", None)
+    assert "YAML syntax error" in error.message and "line " in error.message
+    assert str(error).startswith(f"{broken} document 1: YAML syntax error")
+    assert not result.complete
+
+
+def test_documents_that_are_not_pools(tmp_path: Path) -> None:
+    file = write(tmp_path / "p.yaml", "- a\n- b\n", "just text\n", pool_yaml("ok"), "")
+    result = load_pools(file)
+    assert keys(result) == ["default/ok"]  # the trailing empty document is skipped
+    assert [(e.document, e.field, e.key) for e in result.errors] == [(0, "", None), (1, "", None)]
+
+
+def test_duplicate_pool_later_document_is_the_error(tmp_path: Path) -> None:
+    write(tmp_path / "a.yaml", pool_yaml("dup", idle=1))
+    second = write(tmp_path / "b.yaml", pool_yaml("dup", idle=2), pool_yaml("dup", image=""))
+    result = load_pools(tmp_path)
+    assert [(p.key, p.spec.idle_runners) for p in result.pools] == [("default/dup", 1)]
+    assert [(e.file, e.document, e.key) for e in result.errors] == [
+        (second, 0, "default/dup"),
+        (second, 1, "default/dup"),
+    ]
+    assert all("duplicate RunnerPool default/dup" in e.message for e in result.errors)
+
+
+def test_same_name_in_other_namespace_is_no_duplicate(tmp_path: Path) -> None:
+    other = pool_yaml("x").replace("{name: x}", "{name: x, namespace: team-b}")
+    result = load_pools(write(tmp_path / "p.yaml", pool_yaml("x"), other))
+    assert keys(result) == ["default/x", "team-b/x"]
+
+
+def test_missing_path_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        load_pools(tmp_path / "nope.yaml")
+
+
+def test_unreadable_bytes_are_reported(tmp_path: Path) -> None:
+    file = tmp_path / "bin.yaml"
+    file.write_bytes(b"\xff\xfe\x00garbage")
+    (error,) = load_pools(file).errors
+    assert error.file == file and error.key is None and "cannot read" in error.message
+
+
+# --- reload --------------------------------------------------------------------------------
+
+
+def parse(name: str, **spec: Any) -> RunnerPool:
+    base: dict[str, Any] = {"idleRunners": 2, "runner": {"image": "python:3.12"}}
+    base.update(spec)
+    return RunnerPool.parse_document(
+        {
+            "apiVersion": "poolkeeper.dev/v1alpha1",
+            "kind": "RunnerPool",
+            "metadata": {"name": name},
+            "spec": base,
+        }
+    )
+
+
+def previous_of(*pools: RunnerPool) -> dict[str, RunnerPool]:
+    return {p.key: p for p in pools}
+
+
+def test_first_load_adds_everything(tmp_path: Path) -> None:
+    result = load_pools(write(tmp_path / "p.yaml", pool_yaml("a"), pool_yaml("b")))
+    outcome = reload({}, result)
+    assert list(outcome.pools) == ["default/a", "default/b"]
+    assert outcome.added == ["default/a", "default/b"]
+    assert outcome.removed == outcome.kept == outcome.updated == []
+
+
+def test_reload_updates_adds_removes_and_keeps_order(tmp_path: Path) -> None:
+    previous = previous_of(parse("a"), parse("b"), parse("gone"))
+    file = write(tmp_path / "p.yaml", pool_yaml("new"), pool_yaml("b", idle=4), pool_yaml("a"))
+    outcome = reload(previous, load_pools(file))
+    assert list(outcome.pools) == ["default/new", "default/b", "default/a"]
+    assert outcome.pools["default/b"].spec.idle_runners == 4
+    assert outcome.added == ["default/new"]
+    assert outcome.updated == ["default/b"]
+    assert outcome.unchanged == ["default/a"]
+    assert outcome.removed == ["default/gone"]
+    assert outcome.errors == []
+
+
+def test_invalid_document_keeps_the_last_valid_version(tmp_path: Path) -> None:
+    old = parse("a", idleRunners=3)
+    file = write(tmp_path / "p.yaml", pool_yaml("a", idle=-4), pool_yaml("b"))
+    outcome = reload(previous_of(old), load_pools(file))
+    assert outcome.pools["default/a"] is old
+    assert outcome.kept == ["default/a"]
+    assert outcome.removed == []
+    assert [(e.field, e.key) for e in outcome.errors] == [("spec.idleRunners", "default/a")]
+    assert outcome.refused == []
+    assert list(outcome.pools) == ["default/a", "default/b"]
+
+
+def test_invalid_new_pool_is_not_started(tmp_path: Path) -> None:
+    outcome = reload({}, load_pools(write(tmp_path / "p.yaml", pool_yaml("a", image=""))))
+    assert outcome.pools == {} and len(outcome.errors) == 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ("  nomad: {namespace: other}\n", "spec.nomad.namespace"),
+        ("  nomad: {jobPrefix: changed-}\n", "spec.nomad.jobPrefix"),
+    ],
+)
+def test_immutable_change_is_refused(tmp_path: Path, extra: str, field: str) -> None:
+    old = parse("a")
+    file = write(tmp_path / "p.yaml", pool_yaml("a", idle=9, extra=extra))
+    outcome = reload(previous_of(old), load_pools(file))
+    assert outcome.pools["default/a"] is old
+    assert outcome.kept == ["default/a"] and outcome.updated == []
+    (error,) = outcome.errors
+    assert outcome.refused == [error]
+    assert (error.file, error.document, error.field, error.key) == (file, 0, field, "default/a")
+    assert "immutable" in error.message
+
+
+def test_spelling_out_the_derived_prefix_is_no_change(tmp_path: Path) -> None:
+    old = parse("a")
+    file = write(tmp_path / "p.yaml", pool_yaml("a", extra="  nomad: {jobPrefix: a-}\n"))
+    outcome = reload(previous_of(old), load_pools(file))
+    assert outcome.updated == ["default/a"] and outcome.errors == []
+
+
+def test_unattributable_error_removes_nothing(tmp_path: Path) -> None:
+    # The syntax error may hide pool "b": it is kept, not removed.
+    previous = previous_of(parse("a"), parse("b"))
+    write(tmp_path / "a.yaml", pool_yaml("a", idle=5))
+    write(tmp_path / "b.yaml", "spec: [unclosed\n")
+    outcome = reload(previous, load_pools(tmp_path))
+    assert outcome.removed == []
+    assert outcome.kept == ["default/b"]
+    assert outcome.updated == ["default/a"]
+    assert outcome.pools["default/b"] is previous["default/b"]
+
+
+def test_pool_removed_when_every_document_is_attributed(tmp_path: Path) -> None:
+    previous = previous_of(parse("a"), parse("b"))
+    # An invalid document of *another* pool does not block the removal of "b".
+    result = load_pools(write(tmp_path / "p.yaml", pool_yaml("a"), pool_yaml("c", idle=-1)))
+    assert result.complete
+    outcome = reload(previous, result)
+    assert outcome.removed == ["default/b"]
+    assert list(outcome.pools) == ["default/a"]
