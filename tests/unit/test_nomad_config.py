@@ -1,0 +1,106 @@
+import ssl
+
+import pytest
+
+from controller.nomad.config import ConfigError, NomadConfig
+
+TOKEN = "s3cr3t-token-0123456789"
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, {"address": "http://127.0.0.1:4646", "token": None, "namespace": "default"}),
+        # Unset and empty are the same, as in the Nomad CLI.
+        ({"NOMAD_ADDR": "", "NOMAD_TOKEN": ""}, {"address": "http://127.0.0.1:4646"}),
+        ({"NOMAD_ADDR": "https://nomad.example:4646"}, {"address": "https://nomad.example:4646"}),
+        ({"NOMAD_ADDR": "http://10.0.0.1:4646/"}, {"address": "http://10.0.0.1:4646"}),
+        ({"NOMAD_ADDR": "https://nomad.example"}, {"address": "https://nomad.example:443"}),
+        ({"NOMAD_ADDR": "http://nomad.example"}, {"address": "http://nomad.example:80"}),
+        ({"NOMAD_ADDR": "http://[::1]:4646"}, {"address": "http://[::1]:4646", "host": "::1"}),
+        (
+            {"NOMAD_TOKEN": TOKEN, "NOMAD_NAMESPACE": "runners", "NOMAD_REGION": "eu"},
+            {"token": TOKEN, "namespace": "runners", "region": "eu"},
+        ),
+        ({}, {"skip_verify": False, "verify": True}),
+    ]
+    + [({"NOMAD_SKIP_VERIFY": v}, {"skip_verify": True, "verify": False}) for v in
+       ("1", "t", "T", "TRUE", "true", "True")]
+    + [({"NOMAD_SKIP_VERIFY": v}, {"skip_verify": False, "verify": True}) for v in
+       ("0", "f", "F", "FALSE", "false", "False", "")],
+)  # fmt: skip
+def test_from_env(env, expected):
+    config = NomadConfig.from_env(env)
+    for attribute, value in expected.items():
+        assert getattr(config, attribute) == value, attribute
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"NOMAD_SKIP_VERIFY": "yes"}, "NOMAD_SKIP_VERIFY"),
+        ({"NOMAD_SKIP_VERIFY": "tRuE"}, "NOMAD_SKIP_VERIFY"),
+        ({"NOMAD_SKIP_VERIFY": " true"}, "NOMAD_SKIP_VERIFY"),
+        ({"NOMAD_ADDR": "127.0.0.1:4646"}, "NOMAD_ADDR"),
+        ({"NOMAD_ADDR": "ftp://nomad:21"}, "NOMAD_ADDR"),
+        ({"NOMAD_ADDR": "unix:///var/run/nomad.sock"}, "NOMAD_ADDR"),
+        ({"NOMAD_ADDR": "http://"}, "NOMAD_ADDR"),
+        ({"NOMAD_ADDR": "http://nomad:notaport"}, "NOMAD_ADDR"),
+        ({"NOMAD_ADDR": "http://nomad:99999"}, "NOMAD_ADDR"),
+        ({"NOMAD_ADDR": "http://nomad:4646/ui"}, "NOMAD_ADDR"),
+        ({"NOMAD_ADDR": "http://user:pw@nomad:4646"}, "NOMAD_ADDR"),
+        ({"NOMAD_CACERT": "/nonexistent/ca.pem"}, "NOMAD_CACERT"),
+        ({"NOMAD_CLIENT_CERT": "/nonexistent/c.pem"}, "NOMAD_CLIENT_CERT"),
+    ],
+)
+def test_bad_values_name_the_variable_and_value(env, named):
+    with pytest.raises(ConfigError) as info:
+        NomadConfig.from_env({**env, "NOMAD_TOKEN": TOKEN})
+    message = str(info.value)
+    assert named in message
+    assert env[named] in message
+    assert TOKEN not in message
+
+
+def test_client_key_without_cert_is_refused(tmp_path):
+    key = tmp_path / "key.pem"
+    key.write_text("x")
+    with pytest.raises(ConfigError, match="NOMAD_CLIENT_CERT"):
+        NomadConfig.from_env({"NOMAD_CLIENT_KEY": str(key)})
+
+
+def test_tls_files(tmp_path):
+    ca, cert, key = (tmp_path / n for n in ("ca.pem", "cert.pem", "key.pem"))
+    for f in (ca, cert, key):
+        f.write_text("x")
+    env = {"NOMAD_CACERT": str(ca), "NOMAD_CLIENT_CERT": str(cert), "NOMAD_CLIENT_KEY": str(key)}
+    config = NomadConfig.from_env(env)
+    assert config.verify == str(ca)
+    assert config.cert == (str(cert), str(key))
+    # NOMAD_SKIP_VERIFY=false keeps verifying against the given CA.
+    assert NomadConfig.from_env({**env, "NOMAD_SKIP_VERIFY": "false"}).verify == str(ca)
+    assert NomadConfig.from_env({**env, "NOMAD_SKIP_VERIFY": "true"}).verify is False
+
+
+def test_token_not_in_repr_or_str():
+    config = NomadConfig.from_env({"NOMAD_TOKEN": TOKEN})
+    assert TOKEN not in repr(config)
+    assert TOKEN not in str(config)
+    assert config.token == TOKEN
+
+
+def test_direct_construction_is_validated_and_normalised():
+    assert NomadConfig(address="https://nomad.example/").address == "https://nomad.example:443"
+    with pytest.raises(ConfigError):
+        NomadConfig(address="nomad.example:4646")
+
+
+def test_ssl_context_verifies_by_default():
+    assert NomadConfig().ssl_context() is None  # plain http
+    ctx = NomadConfig(address="https://nomad.example:4646").ssl_context()
+    assert ctx is not None
+    assert ctx.verify_mode == ssl.CERT_REQUIRED
+    assert ctx.check_hostname
+    skip = NomadConfig(address="https://nomad.example:4646", skip_verify=True).ssl_context()
+    assert skip is not None
+    assert skip.verify_mode == ssl.CERT_NONE
