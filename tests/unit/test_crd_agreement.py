@@ -1,0 +1,855 @@
+"""The RunnerPool CRD schema and the pydantic models accept and reject the same documents.
+
+``CrdValidator`` below reproduces what a Kubernetes API server does with a custom resource
+of a structural schema, in its order:
+
+1. the JSON round trip (a whole float such as ``5.0`` is stored and served as ``5``);
+2. pruning of unknown fields (except below ``x-kubernetes-preserve-unknown-fields``);
+3. pruning of ``null`` on non-nullable fields, then defaulting (so ``null`` means "absent");
+4. OpenAPI validation (``jsonschema``, with RE2 patterns as Go evaluates them, and
+   ``x-kubernetes-list-type: set`` uniqueness) plus the object-name rules;
+5. the CEL rules (``x-kubernetes-validations``, with ``cel-python``), transition rules only
+   on updates.
+
+For a canonical document (no unknown field, no ``null``, no whole float) the CRD and
+``RunnerPool.parse_document`` must agree, and on acceptance parse to the same pool (the
+defaults agree). For any document, what the operator is served (the normalised object) must
+be accepted by the model exactly when the CRD accepted the document. The deliberate
+differences of CONTRACT.md section 4 (pruning, an opaque ``jobTemplate``) are asserted too.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from collections.abc import Callable, Iterator, Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any, Final
+
+import celpy
+import jsonschema
+import pytest
+import re2  # type: ignore[import-untyped]
+import yaml
+from celpy.adapter import json_to_cel
+from celpy.celtypes import BoolType
+from celpy.evaluation import CELEvalError
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from controller.model import (
+    DNS_LABEL_RE,
+    DNS_SUBDOMAIN_RE,
+    RunnerPool,
+    immutable_changes,
+)
+
+ROOT: Final = Path(__file__).resolve().parents[2]
+CRD_PATH: Final = ROOT / "crds" / "runnerpools.poolkeeper.dev.yaml"
+INT32_MAX: Final = 2**31 - 1
+
+
+# --- a structural-schema validator ---------------------------------------------------------
+
+
+def _json_round_trip(value: Any) -> Any:
+    """What Go's JSON encoding does to a value: whole floats come back as integers."""
+    if isinstance(value, dict):
+        return {key: _json_round_trip(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_json_round_trip(item) for item in value]
+    if (
+        isinstance(value, float)
+        and math.isfinite(value)
+        and value.is_integer()
+        and abs(value) < 2**63
+    ):
+        return int(value)
+    return value
+
+
+def _prune(value: Any, schema: Mapping[str, Any]) -> Any:
+    """Drops fields the schema does not know, as structural pruning does."""
+    if isinstance(value, dict) and schema.get("type") == "object":
+        properties: Mapping[str, Any] = schema.get("properties", {})
+        additional = schema.get("additionalProperties")
+        if isinstance(additional, Mapping):
+            return {key: _prune(item, additional) for key, item in value.items()}
+        if schema.get("x-kubernetes-preserve-unknown-fields") and not properties:
+            return value
+        keep_unknown = bool(schema.get("x-kubernetes-preserve-unknown-fields"))
+        return {
+            key: _prune(item, properties[key]) if key in properties else item
+            for key, item in value.items()
+            if key in properties or keep_unknown
+        }
+    if isinstance(value, list) and isinstance(schema.get("items"), Mapping):
+        return [_prune(item, schema["items"]) for item in value]
+    return value
+
+
+def _default(value: Any, schema: Mapping[str, Any]) -> Any:
+    """Null pruning and defaulting: a non-nullable ``null`` becomes absent, absent gets the
+    default, and defaults are applied again inside what was defaulted."""
+    if isinstance(value, dict) and schema.get("type") == "object":
+        properties: Mapping[str, Any] = schema.get("properties", {})
+        result = dict(value)
+        for key, prop in properties.items():
+            if key in result and result[key] is None and not prop.get("nullable"):
+                del result[key]
+            if key not in result and "default" in prop:
+                result[key] = copy.deepcopy(prop["default"])
+        for key, item in list(result.items()):
+            if key in properties:
+                result[key] = _default(item, properties[key])
+            elif isinstance(schema.get("additionalProperties"), Mapping):
+                result[key] = _default(item, schema["additionalProperties"])
+        return result
+    if isinstance(value, list) and isinstance(schema.get("items"), Mapping):
+        return [_default(item, schema["items"]) for item in value]
+    return value
+
+
+def _re2_pattern(
+    validator: Any, pattern: str, instance: Any, schema: Any
+) -> Iterator[jsonschema.ValidationError]:
+    """``pattern`` as the API server evaluates it: Go's RE2, unanchored search."""
+    if isinstance(instance, str) and not re2.search(pattern, instance):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _list_type(
+    validator: Any, list_type: str, instance: Any, schema: Any
+) -> Iterator[jsonschema.ValidationError]:
+    """``x-kubernetes-list-type``: a ``set`` holds no duplicates, a ``map`` no duplicate keys."""
+    if not isinstance(instance, list):
+        return
+    if list_type == "set":
+        seen: list[Any] = []
+        for item in instance:
+            if any(item == other and type(item) is type(other) for other in seen):
+                yield jsonschema.ValidationError(f"duplicate value {item!r}")
+            seen.append(item)
+    elif list_type == "map":
+        keys = schema.get("x-kubernetes-list-map-keys", [])
+        found = [
+            tuple(item.get(key) for key in keys) for item in instance if isinstance(item, dict)
+        ]
+        if len(found) != len(set(map(json.dumps, found))):
+            yield jsonschema.ValidationError("duplicate map-list keys")
+
+
+_KubernetesValidator = jsonschema.validators.extend(  # type: ignore[no-untyped-call]
+    jsonschema.Draft4Validator,
+    {"pattern": _re2_pattern, "x-kubernetes-list-type": _list_type},
+)
+
+
+@cache
+def _cel_program(expression: str) -> celpy.Runner:
+    env = celpy.Environment()
+    return env.program(env.compile(expression))
+
+
+def _cel_holds(expression: str, activation: Mapping[str, Any]) -> bool:
+    """A rule holds when it evaluates to true; false or an evaluation error rejects."""
+    program = _cel_program(expression)
+    try:
+        result = program.evaluate({k: json_to_cel(v) for k, v in activation.items()})
+    except CELEvalError:
+        return False
+    return isinstance(result, BoolType) and bool(result)
+
+
+class CrdValidator:
+    """The API server's treatment of one CRD version's openAPIV3Schema."""
+
+    def __init__(self, schema: Mapping[str, Any]) -> None:
+        self.schema = schema
+        self._validator = _KubernetesValidator(schema)
+
+    @classmethod
+    def from_file(cls, path: Path = CRD_PATH) -> CrdValidator:
+        crd = yaml.safe_load(path.read_text(encoding="utf-8"))
+        (version,) = [v for v in crd["spec"]["versions"] if v["storage"]]
+        return cls(version["schema"]["openAPIV3Schema"])
+
+    def normalize(self, document: Any, *, status: bool = False) -> Any:
+        """The object as stored and served: round-tripped, pruned, defaulted. With a status
+        subresource a write to the main resource ignores ``status`` (``status=False``)."""
+        value = _json_round_trip(copy.deepcopy(document))
+        metadata = value.get("metadata") if isinstance(value, dict) else None
+        if isinstance(value, dict) and not status:
+            value.pop("status", None)
+        value = _default(_prune(value, self.schema), self.schema)
+        if isinstance(value, dict) and metadata is not None:
+            value["metadata"] = metadata  # ObjectMeta is validated by its own rules
+        return value
+
+    def errors(self, document: Any, old: Any = None, *, status: bool = False) -> list[str]:
+        """Why the API server would refuse ``document`` (an update of ``old`` if given;
+        a write through the status subresource if ``status``)."""
+        value = self.normalize(document, status=status)
+        problems = [error.message for error in self._validator.iter_errors(value)]
+        problems.extend(_metadata_problems(value))
+        if problems:
+            return problems
+        old_value = self.normalize(old) if old is not None else None
+        return list(self._cel_errors(value, old_value, self.schema, "", old is not None))
+
+    def accepts(self, document: Any, old: Any = None, *, status: bool = False) -> bool:
+        return not self.errors(document, old, status=status)
+
+    def _cel_errors(
+        self, value: Any, old: Any, schema: Mapping[str, Any], path: str, update: bool
+    ) -> Iterator[str]:
+        for rule in schema.get("x-kubernetes-validations", []):
+            expression = rule["rule"]
+            transition = "oldSelf" in expression
+            if transition and (not update or old is None):
+                continue  # transition rules run only where the old object has the field
+            activation = {"self": value, "oldSelf": old} if transition else {"self": value}
+            if not _cel_holds(expression, activation):
+                yield f"{path or '<root>'}: {rule.get('message', expression)}"
+        if isinstance(value, dict):
+            properties: Mapping[str, Any] = schema.get("properties", {})
+            for key, item in value.items():
+                if key in properties:
+                    old_item = old.get(key) if isinstance(old, dict) else None
+                    yield from self._cel_errors(
+                        item, old_item, properties[key], f"{path}.{key}", update
+                    )
+
+
+def _metadata_problems(value: Any) -> Iterator[str]:
+    """The API server's own name rules for a namespaced custom resource."""
+    metadata = value.get("metadata") if isinstance(value, dict) else None
+    if not isinstance(metadata, dict):
+        yield "metadata: required"
+        return
+    name = metadata.get("name")
+    if not (isinstance(name, str) and len(name) <= 253 and DNS_SUBDOMAIN_RE.fullmatch(name)):
+        yield "metadata.name: must be a DNS-1123 subdomain"
+    namespace = metadata.get("namespace", "default")
+    if not (
+        isinstance(namespace, str) and len(namespace) <= 63 and DNS_LABEL_RE.fullmatch(namespace)
+    ):
+        yield "metadata.namespace: must be a DNS-1123 label"
+
+
+CRD: Final = CrdValidator.from_file()
+
+
+def model_accepts(document: Any) -> bool:
+    try:
+        RunnerPool.parse_document(document)
+    except ValidationError:
+        return False
+    return True
+
+
+# --- documents ---------------------------------------------------------------------------
+
+MISSING: Final = object()
+
+
+def base_document() -> dict[str, Any]:
+    return {
+        "apiVersion": "poolkeeper.dev/v1alpha1",
+        "kind": "RunnerPool",
+        "metadata": {"name": "python-312", "namespace": "default"},
+        "spec": {"idleRunners": 1, "runner": {"image": "python:3.12-slim"}},
+    }
+
+
+def with_fields(changes: Mapping[str, Any]) -> dict[str, Any]:
+    """The base document with dotted paths set (``MISSING`` deletes)."""
+    document = base_document()
+    for dotted, value in changes.items():
+        *parents, last = dotted.split(".")
+        node = document
+        for part in parents:
+            node = node.setdefault(part, {})
+        if value is MISSING:
+            node.pop(last, None)
+        else:
+            node[last] = value
+    return document
+
+
+OK, BAD = True, False
+BRIDGE: Final = {"spec.runner.network": "bridge"}
+
+# (changes, valid): every known field, at and beyond its bounds, with wrong types.
+CASES: Final[list[tuple[dict[str, Any], bool]]] = [
+    ({}, OK),
+    # idleRunners (required) and maxRunners
+    ({"spec.idleRunners": 0}, OK),
+    ({"spec.idleRunners": 100}, OK),
+    ({"spec.idleRunners": 101}, BAD),
+    ({"spec.idleRunners": -1}, BAD),
+    ({"spec.idleRunners": "5"}, BAD),
+    ({"spec.idleRunners": True}, BAD),
+    ({"spec.idleRunners": 1.5}, BAD),
+    ({"spec.idleRunners": MISSING}, BAD),
+    ({"spec.idleRunners": INT32_MAX, "spec.maxRunners": INT32_MAX}, OK),
+    ({"spec.idleRunners": INT32_MAX + 1, "spec.maxRunners": INT32_MAX}, BAD),
+    ({"spec.idleRunners": 0, "spec.maxRunners": 0}, OK),
+    ({"spec.idleRunners": 3, "spec.maxRunners": 2}, BAD),
+    ({"spec.maxRunners": -1}, BAD),
+    ({"spec.maxRunners": INT32_MAX + 1}, BAD),
+    ({"spec.maxRunners": "100"}, BAD),
+    # startupTimeoutSeconds and drainTimeoutSeconds (> 0)
+    ({"spec.startupTimeoutSeconds": 1}, OK),
+    ({"spec.startupTimeoutSeconds": 0}, BAD),
+    ({"spec.startupTimeoutSeconds": INT32_MAX}, OK),
+    ({"spec.startupTimeoutSeconds": INT32_MAX + 1}, BAD),
+    ({"spec.startupTimeoutSeconds": "120"}, BAD),
+    ({"spec.drainTimeoutSeconds": 1}, OK),
+    ({"spec.drainTimeoutSeconds": 0}, BAD),
+    ({"spec.drainTimeoutSeconds": -3600}, BAD),
+    ({"spec.drainTimeoutSeconds": []}, BAD),
+    # claims
+    ({"spec.claims": {}}, OK),
+    ({"spec.claims.defaultInactivityTimeoutSeconds": 3600}, OK),
+    ({"spec.claims.defaultInactivityTimeoutSeconds": 3601}, BAD),
+    ({"spec.claims.maxInactivityTimeoutSeconds": 299}, BAD),  # below the default 300
+    ({"spec.claims.maxInactivityTimeoutSeconds": 300}, OK),
+    (
+        {
+            "spec.claims.defaultInactivityTimeoutSeconds": 10,
+            "spec.claims.maxInactivityTimeoutSeconds": 10,
+        },
+        OK,
+    ),
+    ({"spec.claims.defaultInactivityTimeoutSeconds": 0}, BAD),
+    ({"spec.claims.maxInactivityTimeoutSeconds": INT32_MAX + 1}, BAD),
+    ({"spec.claims": "300"}, BAD),
+    ({"spec.claims": []}, BAD),
+    # runner.image (required, not blank)
+    ({"spec.runner": MISSING}, BAD),
+    ({"spec.runner": "python"}, BAD),
+    ({"spec.runner.image": MISSING}, BAD),
+    ({"spec.runner.image": ""}, BAD),
+    ({"spec.runner.image": " "}, BAD),
+    ({"spec.runner.image": "\t\n"}, BAD),
+    ({"spec.runner.image": "\u00a0\u3000\u2028"}, BAD),
+    ({"spec.runner.image": "\x1c"}, BAD),
+    ({"spec.runner.image": " x "}, OK),
+    ({"spec.runner.image": "\u200b"}, OK),  # zero-width space is not whitespace
+    ({"spec.runner.image": 5}, BAD),
+    # runner.command
+    ({"spec.runner.command": []}, OK),
+    ({"spec.runner.command": ["python", "-c", ""]}, OK),
+    ({"spec.runner.command": [""]}, BAD),
+    ({"spec.runner.command": ["", "x"]}, BAD),
+    ({"spec.runner.command": [" "]}, OK),
+    ({"spec.runner.command": [1]}, BAD),
+    ({"spec.runner.command": "sleep infinity"}, BAD),
+    # runner.cpu, memoryMB, memoryMaxMB
+    ({"spec.runner.cpu": 1}, OK),
+    ({"spec.runner.cpu": 0}, BAD),
+    ({"spec.runner.cpu": INT32_MAX + 1}, BAD),
+    ({"spec.runner.cpu": "100"}, BAD),
+    ({"spec.runner.memoryMB": 10}, OK),
+    ({"spec.runner.memoryMB": 9}, BAD),
+    ({"spec.runner.memoryMB": False}, BAD),
+    ({"spec.runner.memoryMaxMB": 128}, OK),
+    ({"spec.runner.memoryMaxMB": 127}, BAD),  # below the default memoryMB 128
+    ({"spec.runner.memoryMaxMB": 10, "spec.runner.memoryMB": 10}, OK),
+    ({"spec.runner.memoryMaxMB": 9, "spec.runner.memoryMB": 10}, BAD),
+    ({"spec.runner.memoryMaxMB": INT32_MAX}, OK),
+    ({"spec.runner.memoryMaxMB": INT32_MAX + 1}, BAD),
+    ({"spec.runner.memoryMaxMB": "512"}, BAD),
+    # runner.network and ports
+    ({"spec.runner.network": "none"}, OK),
+    ({"spec.runner.network": "bridge"}, OK),
+    ({"spec.runner.network": "host"}, BAD),
+    ({"spec.runner.network": "Bridge"}, BAD),
+    ({"spec.runner.ports": []}, OK),
+    ({"spec.runner.ports": [8080]}, BAD),  # needs bridge
+    ({**BRIDGE, "spec.runner.ports": [8080, 1, 65535]}, OK),
+    ({**BRIDGE, "spec.runner.ports": [0]}, BAD),
+    ({**BRIDGE, "spec.runner.ports": [65536]}, BAD),
+    ({**BRIDGE, "spec.runner.ports": [80, 80]}, BAD),
+    ({**BRIDGE, "spec.runner.ports": ["80"]}, BAD),
+    ({**BRIDGE, "spec.runner.ports": 80}, BAD),
+    # runner.env
+    ({"spec.runner.env": {}}, OK),
+    ({"spec.runner.env": {"A_1": "x", "_b": "", "PYTHONUNBUFFERED": "1"}}, OK),
+    ({"spec.runner.env": {"1A": "x"}}, BAD),
+    ({"spec.runner.env": {"A-B": "x"}}, BAD),
+    ({"spec.runner.env": {"": "x"}}, BAD),
+    ({"spec.runner.env": {"A": 1}}, BAD),
+    ({"spec.runner.env": {"PATH\n": "/bin"}}, BAD),
+    ({"spec.runner.env": {"A": True}}, BAD),
+    ({"spec.runner.env": ["A=1"]}, BAD),
+    # nomad.namespace
+    ({"spec.nomad": {}}, OK),
+    ({"spec.nomad.namespace": "team-A-2"}, OK),
+    ({"spec.nomad.namespace": "a" * 128}, OK),
+    ({"spec.nomad.namespace": "a" * 129}, BAD),
+    ({"spec.nomad.namespace": ""}, BAD),
+    ({"spec.nomad.namespace": "a_b"}, BAD),
+    ({"spec.nomad.namespace": "a b"}, BAD),
+    ({"spec.nomad.namespace": 1}, BAD),
+    ({"spec.nomad.namespace": "default\n"}, BAD),  # RE2's $ is the end of text
+    # nomad.datacenters
+    ({"spec.nomad.datacenters": ["dc1", "dc2", "dc1"]}, OK),
+    ({"spec.nomad.datacenters": []}, BAD),
+    ({"spec.nomad.datacenters": [""]}, BAD),
+    ({"spec.nomad.datacenters": "dc1"}, BAD),
+    ({"spec.nomad.datacenters": [1]}, BAD),
+    # nomad.nodePool
+    ({"spec.nomad.nodePool": "gpu.pool_1-a"}, OK),
+    ({"spec.nomad.nodePool": "p" * 128}, OK),
+    ({"spec.nomad.nodePool": "p" * 129}, BAD),
+    ({"spec.nomad.nodePool": ""}, BAD),
+    ({"spec.nomad.nodePool": "a/b"}, BAD),
+    ({"spec.nomad.nodePool": 7}, BAD),
+    ({"spec.nomad.nodePool": "gpu\n"}, BAD),
+    # nomad.jobPrefix
+    ({"spec.nomad.jobPrefix": "python-"}, OK),
+    ({"spec.nomad.jobPrefix": "a-"}, OK),
+    ({"spec.nomad.jobPrefix": "0--"}, OK),
+    ({"spec.nomad.jobPrefix": "a" * 63 + "-"}, OK),
+    ({"spec.nomad.jobPrefix": "a" * 64 + "-"}, BAD),
+    ({"spec.nomad.jobPrefix": "python"}, BAD),
+    ({"spec.nomad.jobPrefix": "-python-"}, BAD),
+    ({"spec.nomad.jobPrefix": "Python-"}, BAD),
+    ({"spec.nomad.jobPrefix": "py.thon-"}, BAD),
+    ({"spec.nomad.jobPrefix": "-"}, BAD),
+    ({"spec.nomad.jobPrefix": ["python-"]}, BAD),
+    ({"spec.nomad.jobPrefix": "python-\n"}, BAD),
+    # nomad.jobTemplate (an object; its content is the controller's business)
+    ({"spec.nomad.jobTemplate": {}}, OK),
+    ({"spec.nomad.jobTemplate": {"Meta": {"course": "web"}, "Priority": 60}}, OK),
+    ({"spec.nomad.jobTemplate": "{}"}, BAD),
+    ({"spec.nomad.jobTemplate": []}, BAD),
+    # deletionPolicy
+    ({"spec.deletionPolicy": "Drain"}, OK),
+    ({"spec.deletionPolicy": "Delete"}, OK),
+    ({"spec.deletionPolicy": "Orphan"}, OK),
+    ({"spec.deletionPolicy": "drain"}, BAD),
+    ({"spec.deletionPolicy": ""}, BAD),
+    ({"spec.deletionPolicy": 1}, BAD),
+    # the document itself
+    ({"spec": MISSING}, BAD),
+    ({"spec": []}, BAD),
+    ({"metadata.name": "java-21.temurin"}, OK),
+    ({"metadata.name": "Python"}, BAD),
+    ({"metadata.name": "a_b"}, BAD),
+    ({"metadata.namespace": "team-a"}, OK),
+    ({"metadata.namespace": "team.a"}, BAD),
+]
+
+
+def _case_id(case: tuple[dict[str, Any], bool]) -> str:
+    changes, valid = case
+    shown = ",".join(f"{k.removeprefix('spec.')}={v!r}"[:60] for k, v in changes.items())
+    return f"{'ok' if valid else 'bad'}:{shown or 'base'}"
+
+
+def assert_agreement(document: dict[str, Any]) -> bool:
+    """The CRD and the model agree on a canonical document and on what it normalises to;
+    returns the verdict."""
+    crd_errors = CRD.errors(document)
+    crd_ok = not crd_errors
+    model_ok = model_accepts(document)
+    assert crd_ok == model_ok, (
+        f"CRD {'accepts' if crd_ok else 'rejects'} ({crd_errors}), "
+        f"model {'accepts' if model_ok else 'rejects'}: {json.dumps(document)}"
+    )
+    served = CRD.normalize(document)
+    assert model_accepts(served) == crd_ok, f"the model disagrees on the served {served}"
+    if crd_ok:
+        # Defaults agree: the stored object means the same pool as the document.
+        assert RunnerPool.parse_document(served) == RunnerPool.parse_document(document)
+    return crd_ok
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_case_id(case) for case in CASES])
+def test_crd_and_model_agree_on_every_field(case: tuple[dict[str, Any], bool]) -> None:
+    changes, valid = case
+    assert assert_agreement(with_fields(changes)) is valid
+
+
+def test_every_spec_field_of_the_model_is_in_the_table_and_the_schema() -> None:
+    spec_schema = CRD.schema["properties"]["spec"]
+    covered = {key.removeprefix("spec.") for changes, _ in CASES for key in changes}
+
+    def walk(model: Any, schema: Mapping[str, Any], prefix: str) -> Iterator[str]:
+        for name, info in model.model_fields.items():
+            alias = info.alias or name
+            assert alias in schema["properties"], f"{prefix}{alias} missing from the CRD"
+            nested = info.annotation
+            if isinstance(nested, type) and hasattr(nested, "model_fields"):
+                yield from walk(nested, schema["properties"][alias], f"{prefix}{alias}.")
+            else:
+                yield f"{prefix}{alias}"
+
+    leaves = set(walk(RunnerPool.model_fields["spec"].annotation, spec_schema, ""))
+    assert leaves - covered == set()
+    # And nothing in the CRD's spec that the model does not know.
+    schema_leaves = set()
+    for key, prop in spec_schema["properties"].items():
+        if prop.get("type") == "object" and "properties" in prop:
+            schema_leaves |= {f"{key}.{inner}" for inner in prop["properties"]}
+        else:
+            schema_leaves.add(key)
+    assert schema_leaves == leaves
+
+
+def test_defaults_are_the_models() -> None:
+    served = CRD.normalize(base_document())
+    from_model = RunnerPool.parse_document(base_document()).spec.model_dump(
+        by_alias=True, mode="json", exclude_none=True
+    )
+    assert served["spec"] == from_model
+
+
+# --- the deliberate differences of CONTRACT.md section 4 --------------------------------
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"spec.replicas": 3},
+        {"spec.runner.gpu": 1},
+        {"spec.claims.timeout": 5},
+        {"spec.nomad.region": "eu"},
+        {"status": {"idleRunners": 3}, "spec.extra": {"a": 1}},
+    ],
+)
+def test_unknown_fields_are_pruned_by_the_crd_and_rejected_by_files(
+    changes: dict[str, Any],
+) -> None:
+    document = with_fields(changes)
+    assert CRD.accepts(document)
+    assert not model_accepts(document)
+    served = CRD.normalize(document)
+    assert model_accepts(served)
+    assert "replicas" not in served["spec"] and "gpu" not in served["spec"]["runner"]
+
+
+def test_unknown_keys_inside_job_template_are_kept() -> None:
+    template = {"Meta": {"a": "b"}, "TaskGroups": [{"Tasks": [{"Config": {"x": [1, {}]}}]}]}
+    served = CRD.normalize(with_fields({"spec.nomad.jobTemplate": template}))
+    assert served["spec"]["nomad"]["jobTemplate"] == template
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        {"ID": "mine"},
+        {"type": "service"},
+        {"TaskGroups": [{"Count": 2}]},
+        {"Meta": {"poolkeeper_pool": "x"}},
+        {"TaskGroups": [{}, {}]},
+    ],
+)
+def test_job_template_is_opaque_to_the_crd_and_checked_by_the_controller(
+    template: dict[str, Any],
+) -> None:
+    document = with_fields({"spec.nomad.jobTemplate": template})
+    assert CRD.accepts(document)
+    assert not model_accepts(document)
+
+
+@pytest.mark.parametrize(
+    ("field", "expect_file_accepts"),
+    [
+        ("spec.maxRunners", False),
+        ("spec.claims", False),
+        ("spec.runner.command", False),
+        ("spec.runner.env", False),
+        ("spec.nomad", False),
+        ("spec.runner.memoryMaxMB", True),
+        ("spec.nomad.nodePool", True),
+        ("spec.nomad.jobPrefix", True),
+    ],
+)
+def test_null_means_absent_to_the_crd(field: str, expect_file_accepts: bool) -> None:
+    document = with_fields({field: None})
+    assert CRD.accepts(document)
+    served = CRD.normalize(document)
+    assert RunnerPool.parse_document(served) == RunnerPool.parse_document(
+        with_fields({field: MISSING})
+    )
+    # Files take null only where the contract shows it (optional fields).
+    assert model_accepts(document) is expect_file_accepts
+
+
+@pytest.mark.parametrize("field", ["spec.idleRunners", "spec.runner", "spec.runner.image"])
+def test_null_in_a_required_field_is_refused_by_both(field: str) -> None:
+    document = with_fields({field: None})
+    assert not CRD.accepts(document)
+    assert not model_accepts(document)
+
+
+def test_a_whole_float_is_served_as_an_integer() -> None:
+    document = with_fields({"spec.idleRunners": 5.0})
+    assert CRD.accepts(document)
+    assert CRD.normalize(document)["spec"]["idleRunners"] == 5
+    assert model_accepts(CRD.normalize(document))
+    assert not model_accepts(document)  # files are strict: 5.0 is not an integer
+
+
+# --- transition rules: immutable fields ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "allowed"),
+    [
+        ({}, {"spec.idleRunners": 9}, True),
+        ({"spec.nomad.namespace": "a"}, {"spec.nomad.namespace": "a"}, True),
+        ({"spec.nomad.namespace": "a"}, {"spec.nomad.namespace": "b"}, False),
+        ({}, {"spec.nomad.namespace": "other"}, False),
+        ({"spec.nomad.namespace": "default"}, {}, True),  # the default is the same value
+        ({"spec.nomad.jobPrefix": "py-"}, {"spec.nomad.jobPrefix": "py-"}, True),
+        ({"spec.nomad.jobPrefix": "py-"}, {"spec.nomad.jobPrefix": "px-"}, False),
+        ({"spec.nomad.jobPrefix": "py-"}, {}, False),
+        ({}, {"spec.nomad.jobPrefix": "py-"}, False),
+        ({}, {"spec.nomad.jobPrefix": None}, True),  # null is absent
+    ],
+)
+def test_immutable_fields(old: dict[str, Any], new: dict[str, Any], allowed: bool) -> None:
+    old_doc, new_doc = with_fields(old), with_fields(new)
+    assert CRD.accepts(new_doc, old=old_doc) is allowed
+    assert CRD.accepts(new_doc)  # a create of the same document is fine
+    changed = immutable_changes(
+        RunnerPool.parse_document(CRD.normalize(old_doc)),
+        RunnerPool.parse_document(CRD.normalize(new_doc)),
+    )
+    assert (not changed) is allowed
+
+
+def test_explicit_prefix_equal_to_the_derived_one_is_still_a_change_to_the_crd() -> None:
+    """CEL cannot see the derived prefix, so the CRD is stricter than the file reload:
+    setting ``jobPrefix`` to exactly the derived value is refused in Kubernetes."""
+    old_doc = base_document()
+    new_doc = with_fields({"spec.nomad.jobPrefix": "python-312-"})
+    assert not CRD.accepts(new_doc, old=old_doc)
+    assert (
+        immutable_changes(RunnerPool.parse_document(old_doc), RunnerPool.parse_document(new_doc))
+        == []
+    )
+
+
+# --- hypothesis: generated field values, valid and invalid --------------------------------
+
+INTS: Final = st.one_of(
+    st.integers(min_value=-3, max_value=130),
+    st.integers(min_value=INT32_MAX - 2, max_value=INT32_MAX + 2),
+    st.sampled_from([300, 3600, 65535, 65536, 2**63]),
+)
+WRONG: Final[st.SearchStrategy[Any]] = st.one_of(
+    st.booleans(),
+    st.just("5"),
+    st.floats(allow_nan=False, allow_infinity=False).filter(lambda f: not f.is_integer()),
+    st.just([]),
+    st.just({}),
+)
+NAME_CHARS: Final = st.sampled_from([*"abcAB09-_. /\n\t", "\u00a0", "\u00e9"])
+
+
+def _text(max_size: int) -> st.SearchStrategy[str]:
+    return st.one_of(
+        st.text(NAME_CHARS, max_size=max_size),
+        st.text(st.characters(codec="utf-8"), max_size=8),
+    )
+
+
+PREFIXES: Final = st.one_of(
+    st.from_regex(r"\A[a-z0-9][a-z0-9-]{0,62}-\Z"), _text(70), st.just("a" * 64 + "-")
+)
+NOMAD_NAMES: Final = st.one_of(
+    st.from_regex(r"\A[a-zA-Z0-9_.-]{1,12}\Z"),
+    _text(16),
+    st.text(st.just("n"), min_size=126, max_size=130),
+)
+ENV_KEYS: Final = st.one_of(st.from_regex(r"\A[A-Za-z_][A-Za-z0-9_]{0,6}\Z"), _text(6))
+
+FIELDS: Final[dict[str, st.SearchStrategy[Any]]] = {
+    "spec.idleRunners": st.one_of(INTS, WRONG),
+    "spec.maxRunners": st.one_of(INTS, WRONG),
+    "spec.startupTimeoutSeconds": st.one_of(INTS, WRONG),
+    "spec.drainTimeoutSeconds": st.one_of(INTS, WRONG),
+    "spec.claims.defaultInactivityTimeoutSeconds": st.one_of(INTS, WRONG),
+    "spec.claims.maxInactivityTimeoutSeconds": st.one_of(INTS, WRONG),
+    "spec.runner.image": st.one_of(_text(4), WRONG),
+    "spec.runner.command": st.one_of(
+        st.lists(st.one_of(_text(3), st.integers(0, 1)), max_size=3), WRONG
+    ),
+    "spec.runner.cpu": st.one_of(INTS, WRONG),
+    "spec.runner.memoryMB": st.one_of(INTS, WRONG),
+    "spec.runner.memoryMaxMB": st.one_of(INTS, WRONG),
+    "spec.runner.network": st.one_of(st.sampled_from(["none", "bridge", "host", ""]), WRONG),
+    "spec.runner.ports": st.one_of(
+        st.lists(st.one_of(st.integers(-1, 65537), st.just("80")), max_size=4), WRONG
+    ),
+    "spec.runner.env": st.one_of(
+        st.dictionaries(ENV_KEYS, st.one_of(_text(3), st.integers(0, 1)), max_size=3), WRONG
+    ),
+    "spec.nomad.namespace": st.one_of(NOMAD_NAMES, WRONG),
+    "spec.nomad.datacenters": st.one_of(
+        st.lists(st.one_of(_text(3), st.integers(0, 1)), max_size=3), WRONG
+    ),
+    "spec.nomad.nodePool": st.one_of(NOMAD_NAMES, WRONG),
+    "spec.nomad.jobPrefix": st.one_of(PREFIXES, WRONG),
+    "spec.deletionPolicy": st.one_of(
+        st.sampled_from(["Drain", "Delete", "Orphan", "drain", "Keep"]), WRONG
+    ),
+}
+
+
+@st.composite
+def field_changes(draw: Callable[[st.SearchStrategy[Any]], Any]) -> dict[str, Any]:
+    keys = draw(st.lists(st.sampled_from(sorted(FIELDS)), min_size=1, max_size=5, unique=True))
+    return {key: draw(FIELDS[key]) for key in keys}
+
+
+@settings(
+    max_examples=400,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+@given(field_changes())
+def test_generated_documents_agree(changes: dict[str, Any]) -> None:
+    assert_agreement(with_fields(changes))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    field_changes(),
+    st.dictionaries(st.sampled_from(["spec.bogus", "spec.runner.extra", "spec.x"]), INTS),
+    st.sampled_from(["spec.maxRunners", "spec.nomad", "spec.runner.ports", "spec.claims"]),
+)
+def test_generated_documents_as_served_agree(
+    changes: dict[str, Any], unknown: dict[str, Any], null_field: str
+) -> None:
+    """With unknown fields and nulls mixed in, the CRD accepts exactly what the model
+    accepts once Kubernetes has pruned and defaulted it (what the operator is served)."""
+    document = with_fields({**changes, **unknown, null_field: None})
+    crd_ok = CRD.accepts(document)
+    assert model_accepts(CRD.normalize(document)) is crd_ok
+
+
+NOMAD_IDENTITY: Final = st.fixed_dictionaries(
+    {},
+    optional={
+        "namespace": st.sampled_from(["default", "team-a", "team-b"]),
+        "jobPrefix": st.sampled_from(["python-312-", "py-", "px-"]),
+    },
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(NOMAD_IDENTITY, NOMAD_IDENTITY, st.integers(0, 5))
+def test_generated_updates_agree_on_immutability(
+    old_nomad: dict[str, str], new_nomad: dict[str, str], idle: int
+) -> None:
+    """An update is refused by the CEL transition rules exactly when the file reload would
+    refuse it, except for writing out the derived prefix explicitly (stricter in the CRD)."""
+    old_doc = with_fields({"spec.nomad": old_nomad})
+    new_doc = with_fields({"spec.nomad": new_nomad, "spec.idleRunners": idle})
+    changed = immutable_changes(
+        RunnerPool.parse_document(old_doc), RunnerPool.parse_document(new_doc)
+    )
+    crd_allows = CRD.accepts(new_doc, old=old_doc)
+    if changed:
+        assert not crd_allows
+    else:
+        explicit_change = old_nomad.get("jobPrefix") != new_nomad.get("jobPrefix")
+        assert crd_allows is not explicit_change
+
+
+# --- the rest of the resource definition -------------------------------------------------
+
+
+def test_resource_definition() -> None:
+    crd = yaml.safe_load(CRD_PATH.read_text(encoding="utf-8"))
+    assert crd["apiVersion"] == "apiextensions.k8s.io/v1"
+    spec = crd["spec"]
+    assert (spec["group"], spec["scope"]) == ("poolkeeper.dev", "Namespaced")
+    assert spec["names"]["kind"] == "RunnerPool"
+    assert spec["names"]["plural"] == "runnerpools"
+    assert spec["names"]["shortNames"] == ["rpool"]
+    (version,) = spec["versions"]
+    assert (version["name"], version["served"], version["storage"]) == ("v1alpha1", True, True)
+    assert version["subresources"]["status"] == {}
+    assert version["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.idleRunners",
+        "statusReplicasPath": ".status.idleRunners",
+        "labelSelectorPath": ".status.selector",
+    }
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert list(columns) == ["Desired", "Idle", "Starting", "Claimed", "Ready", "Age"]
+    assert columns["Ready"] == '.status.conditions[?(@.type=="Ready")].status'
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert set(status) == {
+        "idleRunners",
+        "startingRunners",
+        "claimedRunners",
+        "outdatedRunners",
+        "totalRunners",
+        "selector",
+        "templateHash",
+        "observedGeneration",
+        "lastReconcileTime",
+        "conditions",
+    }
+
+
+def test_status_accepts_a_controller_written_status() -> None:
+    document = base_document()
+    document["status"] = {
+        "idleRunners": 1,
+        "startingRunners": 0,
+        "claimedRunners": 2,
+        "outdatedRunners": 0,
+        "totalRunners": 3,
+        "selector": "poolkeeper.dev/pool=python-312",
+        "templateHash": "abc123",
+        "observedGeneration": 4,
+        "lastReconcileTime": "2026-11-30T09:00:00Z",
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "Reconciled",
+                "message": "",
+                "lastTransitionTime": "2026-11-30T09:00:00Z",
+                "observedGeneration": 4,
+            }
+        ],
+    }
+    assert CRD.accepts(document, status=True)
+    document["status"]["conditions"][0]["status"] = "Yes"
+    assert not CRD.accepts(document, status=True)
+    document["status"]["conditions"][0]["status"] = "False"
+    document["status"]["conditions"].append(dict(document["status"]["conditions"][0]))
+    assert not CRD.accepts(document, status=True)  # one condition per type
+    assert CRD.accepts(document)  # the main resource ignores status
+
+
+def test_structural_schema_rules() -> None:
+    """What the API server demands of a structural schema: a type everywhere (but below
+    preserve-unknown-fields), no nullable (null means absent here), no uniqueItems."""
+    schema = CRD.schema
+
+    def walk(node: Mapping[str, Any], path: str) -> Iterator[str]:
+        if "type" not in node:
+            yield f"{path}: no type"
+        if node.get("nullable") or node.get("uniqueItems"):
+            yield f"{path}: nullable/uniqueItems"
+        for key, prop in node.get("properties", {}).items():
+            yield from walk(prop, f"{path}.{key}")
+        for key in ("items", "additionalProperties"):
+            if isinstance(node.get(key), Mapping):
+                yield from walk(node[key], f"{path}[{key}]")
+
+    assert list(walk(schema, "")) == []
