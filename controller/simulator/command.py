@@ -1,0 +1,69 @@
+"""`poolkeeper sim`: serve the simulator until interrupted."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import ssl
+import sys
+
+from controller.simulator.server import start_sim
+from controller.simulator.state import Simulator
+
+
+def _parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"invalid --listen {value!r}: expected HOST:PORT")
+    return host.strip("[]") or "127.0.0.1", int(port_text)
+
+
+def _ssl_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    if not cert and not key:
+        return None
+    if not cert or not key:
+        raise ValueError("--tls-cert and --tls-key must be given together")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"invalid --tls-cert/--tls-key {cert!r}/{key!r}: {exc}") from None
+    return context
+
+
+async def _serve(sim: Simulator, host: str, port: int, context: ssl.SSLContext | None) -> None:
+    server = await start_sim(sim, host, port, context)
+    print(f"nomad simulator listening on {server.url}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        host, port = _parse_listen(args.listen)
+        context = _ssl_context(args.tls_cert, args.tls_key)
+        nodes = args.nodes or ["sim-node-1", "sim-node-2", "sim-node-3"]
+        for name in nodes:
+            if not name or not name.strip():
+                raise ValueError(f"invalid --node {name!r}")
+        if len(set(nodes)) != len(nodes):
+            raise ValueError(f"duplicate --node in {nodes!r}")
+        sim = Simulator(nodes=nodes, seed=args.seed, acl_enabled=args.acl_enabled)
+    except ValueError as exc:
+        print(f"poolkeeper sim: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_serve(sim, host, port, context))
+    except OSError as exc:
+        print(f"poolkeeper sim: cannot listen on {args.listen!r}: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,46 @@
+"""Running the simulator's HTTP API on a socket (in-process or from the CLI)."""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from controller.simulator.api import build_app
+from controller.simulator.state import Simulator
+
+
+@dataclass
+class SimServer:
+    sim: Simulator
+    runner: web.AppRunner
+    host: str
+    port: int
+    url: str
+
+    async def stop(self) -> None:
+        # Streams and blocking queries would otherwise hold the shutdown open.
+        self.sim.disconnect_event_streams()
+        await self.runner.cleanup()
+
+
+async def start_sim(
+    sim: Simulator,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    ssl_context: ssl.SSLContext | None = None,
+) -> SimServer:
+    """Serve `sim` on host:port (0 picks a free port); returns once it accepts connections."""
+    runner = web.AppRunner(build_app(sim), access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+    await site.start()
+    server = site._server
+    sockets = getattr(server, "sockets", None) or []
+    bound = sockets[0].getsockname()[1] if sockets else port
+    if host not in ("0.0.0.0", "::", ""):
+        sim.advertise = host
+    scheme = "https" if ssl_context is not None else "http"
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    return SimServer(sim, runner, host, bound, f"{scheme}://{shown}:{bound}")

@@ -1,0 +1,77 @@
+"""Small helpers shared by the simulator: Go durations, omitempty, errors."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+JSON = dict[str, Any]
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_UNIT_NS = {
+    "ns": 1,
+    "us": 1_000,
+    "µs": 1_000,
+    "μs": 1_000,
+    "ms": 1_000_000,
+    "s": 1_000_000_000,
+    "m": 60_000_000_000,
+    "h": 3_600_000_000_000,
+}
+
+
+def parse_go_duration(text: str) -> float:
+    """Seconds for a Go `time.ParseDuration` string; ValueError like Go's parser."""
+    s = text.strip()
+    if not s:
+        raise ValueError("empty duration")
+    sign = 1.0
+    if s[0] in "+-":
+        sign = -1.0 if s[0] == "-" else 1.0
+        s = s[1:]
+    if s == "0":
+        return 0.0
+    pos = 0
+    total_ns = 0.0
+    while pos < len(s):
+        m = _DURATION_PART.match(s, pos)
+        if m is None:
+            raise ValueError(f"invalid duration {text!r}")
+        total_ns += float(m.group(1)) * _UNIT_NS[m.group(2)]
+        pos = m.end()
+    return sign * total_ns / 1e9
+
+
+def _is_empty(value: Any) -> bool:
+    # Go's omitempty: zero scalars, empty strings and empty/nil containers.
+    if value is None or value is False:
+        return True
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int | float):
+        return value == 0
+    if isinstance(value, str | list | dict):
+        return len(value) == 0
+    return False
+
+
+def omit_empty(obj: JSON, keep: frozenset[str] = frozenset()) -> JSON:
+    """Top-level omitempty as go-msgpack applies it to Allocation and Evaluation."""
+    return {k: v for k, v in obj.items() if k in keep or not _is_empty(v)}
+
+
+class ApiError(Exception):
+    """An error answered as Nomad does: text/plain body with a status code."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def not_found(what: str = "resource") -> ApiError:
+    return ApiError(404, f"{what} not found")
+
+
+def bad_request(message: str) -> ApiError:
+    return ApiError(400, message)

@@ -1,0 +1,166 @@
+"""Allocations: scheduling, start delay, stubs vs full objects, filters, blocking queries."""
+
+from __future__ import annotations
+
+import asyncio
+
+from controller.simulator import Simulator
+from tests.simulator.conftest import Client, service_job, wait_until
+
+
+async def test_placed_pending_then_running(client: Client, sim: Simulator) -> None:
+    sim.set_start_delay(0.2)
+    await client.register(service_job("web", count=3))
+    await wait_until(lambda: len(sim.allocations("web")) == 3)
+    _, stubs, _ = await client.get("/v1/allocations")
+    assert {a["ClientStatus"] for a in stubs} == {"pending"}
+    assert {a["NodeName"] for a in stubs} <= {"sim-node-1", "sim-node-2", "sim-node-3"}
+    await wait_until(lambda: {a["ClientStatus"] for a in sim.allocations("web")} == {"running"})
+    _, stubs, _ = await client.get("/v1/job/web/allocations")
+    assert [a["ID"] for a in stubs] == sorted(a["ID"] for a in stubs)
+    assert {a["ClientDescription"] for a in stubs} == {"Tasks are running"}
+    assert stubs[0]["TaskStates"]["main"]["State"] == "running"
+
+
+async def test_stub_and_full_fields(client: Client, sim: Simulator) -> None:
+    await client.register(service_job("f"))
+    await wait_until(lambda: len(sim.allocations("f")) == 1)
+    alloc_id = sim.allocations("f")[0]["ID"]
+    _, stubs, _ = await client.get("/v1/allocations")
+    stub = stubs[0]
+    assert "PreviousAllocation" not in stub and "Job" not in stub
+    assert stub["NextAllocation"] == "" and stub["RescheduleTracker"] is None  # no omitempty
+    assert "AllocatedResources" not in stub
+    _, with_res, _ = await client.get("/v1/allocations", resources="true", task_states="false")
+    assert "AllocatedResources" in with_res[0] and "TaskStates" not in with_res[0]
+    status, full, headers = await client.get(f"/v1/allocation/{alloc_id}")
+    assert status == 200
+    assert full["Job"]["ID"] == "f"
+    assert int(headers["X-Nomad-Index"]) == full["ModifyIndex"]
+    # omitempty on the full object: empty strings / nil are absent, DesiredTransition stays
+    for absent in (
+        "PreviousAllocation",
+        "NextAllocation",
+        "DesiredDescription",
+        "RescheduleTracker",
+        "FollowupEvalID",
+        "PreemptedAllocations",
+    ):
+        assert absent not in full, absent
+    assert full["DesiredTransition"] == {}
+
+
+async def test_filters_and_bad_filter(client: Client, sim: Simulator) -> None:
+    await client.register(service_job("a", count=2, Meta={"pool": "x"}))
+    await client.register(service_job("b", count=1))
+    await wait_until(lambda: len(sim.allocs) == 3)
+    _, got, _ = await client.get("/v1/allocations", filter='JobID == "a"')
+    assert len(got) == 2
+    _, got, _ = await client.get(
+        "/v1/allocations", filter='Job.Meta.pool == "x" and not (JobID != "a")'
+    )
+    assert len(got) == 2
+    _, got, _ = await client.get(
+        "/v1/allocations", filter='Name matches "^b\\\\." or JobID contains "zz"'
+    )
+    assert [a["JobID"] for a in got] == ["b"]
+    _, got, _ = await client.get("/v1/allocations", filter='"b" in JobID')
+    assert [a["JobID"] for a in got] == ["b"]
+    status, text, _ = await client.get("/v1/allocations", filter='JobID === "a"')
+    assert status == 400
+    assert text.startswith("failed to create result paginator: failed to read filter expression: ")
+
+
+async def test_pagination_prefix_and_namespace(client: Client, sim: Simulator) -> None:
+    await client.register(service_job("p", count=3))
+    await wait_until(lambda: len(sim.allocs) == 3)
+    _, first, headers = await client.get("/v1/allocations", per_page=2)
+    token = headers["X-Nomad-NextToken"]
+    rest_id = token.split(".", 1)[1]
+    assert token == f"{first[0]['CreateIndex']}.{rest_id}"
+    _, rest, headers = await client.get("/v1/allocations", per_page=2, next_token=token)
+    assert [a["ID"] for a in rest] == [rest_id] and "X-Nomad-NextToken" not in headers
+    prefix = rest_id[:6]
+    _, by_prefix, _ = await client.get("/v1/allocations", prefix=prefix)
+    assert [a["ID"] for a in by_prefix] == [rest_id]
+    _, other_ns, _ = await client.get("/v1/allocations", namespace="elsewhere")
+    assert other_ns == []
+    _, all_ns, _ = await client.get("/v1/allocations", namespace="*")
+    assert len(all_ns) == 3
+
+
+async def test_blocking_query_wakes_on_change(client: Client, sim: Simulator) -> None:
+    _, _, headers = await client.get("/v1/allocations")
+    index = int(headers["X-Nomad-Index"])
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    waiter = asyncio.create_task(client.get("/v1/allocations", index=index, wait="10s"))
+    await asyncio.sleep(0.05)
+    assert not waiter.done()
+    await client.register(service_job("wake"))
+    status, allocs, headers = await asyncio.wait_for(waiter, 3)
+    assert status == 200 and len(allocs) == 1
+    assert int(headers["X-Nomad-Index"]) > index
+    assert loop.time() - started < 2
+
+
+async def test_blocking_query_times_out_with_current_index(client: Client) -> None:
+    _, _, headers = await client.get("/v1/jobs")
+    index = int(headers["X-Nomad-Index"])
+    status, body, headers = await client.get("/v1/jobs", index=index, wait="50ms")
+    assert status == 200 and body == [] and int(headers["X-Nomad-Index"]) == index
+
+
+async def test_bad_index_and_wait(client: Client) -> None:
+    assert (await client.get("/v1/jobs", index="abc"))[:2] == (400, "Invalid index")
+    assert (await client.get("/v1/jobs", index=1, wait="5 parsecs"))[:2] == (
+        400,
+        "Invalid wait time",
+    )
+    assert (await client.get("/v1/jobs", index=1, wait="10"))[:2] == (400, "Invalid wait time")
+    assert (await client.get("/v1/jobs", stale="maybe"))[0] == 400
+    assert (await client.get("/v1/jobs", stale=""))[0] == 200
+
+
+async def test_node_allocations_are_full(client: Client, sim: Simulator) -> None:
+    await client.register(service_job("n"))
+    await wait_until(lambda: len(sim.allocations("n")) == 1)
+    node_id = sim.allocations("n")[0]["NodeID"]
+    status, allocs, _ = await client.get(f"/v1/node/{node_id}/allocations")
+    assert status == 200 and allocs[0]["Job"]["ID"] == "n" and "NextAllocation" not in allocs[0]
+    assert (await client.get("/v1/node/nope/allocations"))[:2] == (404, "node not found")
+
+
+async def test_alloc_stop_migrates(client: Client, sim: Simulator) -> None:
+    await client.register(service_job("st"))
+    await wait_until(lambda: [a["ClientStatus"] for a in sim.allocations("st")] == ["running"])
+    old_id = sim.allocations("st")[0]["ID"]
+    status, out, _ = await client.post(f"/v1/allocation/{old_id}/stop")
+    assert status == 200 and set(out) == {"EvalID", "Index"}
+    await wait_until(lambda: len(sim.allocations("st")) == 2)
+    old = sim.alloc(old_id)
+    assert old["DesiredTransition"]["Migrate"] is True
+    assert old["DesiredDescription"] == "alloc is being migrated"
+    assert sim.evals[out["EvalID"]]["TriggeredBy"] == "alloc-stop"
+
+
+async def test_no_fit_blocks_then_places(client: Client, sim: Simulator) -> None:
+    hog = service_job("hog", count=1)
+    hog["TaskGroups"][0]["Tasks"][0]["Resources"] = {"CPU": 60_000, "MemoryMB": 10}
+    big = service_job("big", count=3)
+    big["TaskGroups"][0]["Tasks"][0]["Resources"] = {"CPU": 60_000, "MemoryMB": 10}
+    await client.register(hog)
+    await wait_until(lambda: len(sim.allocations("hog")) == 1)
+    await client.register(big)  # three nodes, each fits one such alloc: one stays queued
+    await wait_until(lambda: len(sim.allocations("big")) == 2 and bool(sim.blocked))
+    blocked = sim.evals[next(iter(sim.blocked.values()))]
+    assert blocked["Status"] == "blocked" and blocked["TriggeredBy"] == "queued-allocs"
+    _, summary, _ = await client.get("/v1/job/big/summary")
+    assert summary["Summary"]["g"]["Queued"] == 1
+    _, job, _ = await client.get("/v1/job/big")
+    assert job["Status"] == "running"
+    await client.delete("/v1/job/hog")  # frees a node: the blocked eval places the rest
+    await wait_until(lambda: len(sim.allocations("big")) == 3)
+    assert blocked["Status"] == "complete" and not sim.blocked
+    _, summary, _ = await client.get("/v1/job/big/summary")
+    assert summary["Summary"]["g"]["Queued"] == 0

@@ -1,0 +1,223 @@
+"""Jobs: register, list, read, CAS, deregister and the errors Nomad gives."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller.simulator import Simulator
+from tests.simulator.conftest import Client, service_job, wait_until
+
+
+def _status(sim: Simulator, job_id: str) -> str | None:
+    job = sim.get_job(job_id)
+    return None if job is None else str(job["Status"])
+
+
+async def test_register_read_and_status(client: Client, sim: Simulator) -> None:
+    out = await client.register(service_job("web", count=2))
+    assert set(out) >= {"EvalID", "EvalCreateIndex", "JobModifyIndex", "Index", "KnownLeader"}
+    assert out["EvalCreateIndex"] == out["JobModifyIndex"] == out["Index"]
+    status, job, headers = await client.get("/v1/job/web")
+    assert status == 200
+    assert job["Version"] == 0 and job["Type"] == "service" and job["Namespace"] == "default"
+    assert job["TaskGroups"][0]["RestartPolicy"]["Attempts"] == 2  # service default
+    assert int(headers["X-Nomad-Index"]) == job["ModifyIndex"]
+    await wait_until(lambda: _status(sim, "web") == "running")
+    assert sim.counters["jobs_created"] == 1
+
+
+async def test_list_meta_only_when_asked(client: Client) -> None:
+    await client.register(service_job("a-1", Meta={"pool": "p1"}))
+    await client.register(service_job("b-1"))
+    _, plain, headers = await client.get("/v1/jobs")
+    assert [j["ID"] for j in plain] == ["a-1", "b-1"]
+    assert all("Meta" not in j for j in plain)
+    assert "X-Nomad-Index" in headers
+    _, with_meta, _ = await client.get("/v1/jobs", meta="true")
+    assert with_meta[0]["Meta"] == {"pool": "p1"}
+    _, prefixed, _ = await client.get("/v1/jobs", prefix="b-")
+    assert [j["ID"] for j in prefixed] == ["b-1"]
+    _, filtered, _ = await client.get("/v1/jobs", filter='Meta.pool == "p1"')
+    assert [j["ID"] for j in filtered] == ["a-1"]
+
+
+async def test_list_pagination_and_namespaces(client: Client) -> None:
+    for name in ("j1", "j2", "j3"):
+        await client.register(service_job(name))
+    await client.register(
+        service_job("other"),
+    )
+    await client.call("PUT", "/v1/jobs", {"Job": service_job("x1")}, namespace="team")
+    _, page, headers = await client.get("/v1/jobs", per_page=2)
+    assert [j["ID"] for j in page] == ["j1", "j2"]
+    assert headers["X-Nomad-NextToken"] == "default.j3"
+    _, rest, headers = await client.get("/v1/jobs", per_page=2, next_token="default.j3")
+    assert [j["ID"] for j in rest] == ["j3", "other"]
+    assert "X-Nomad-NextToken" not in headers
+    _, team, _ = await client.get("/v1/jobs", namespace="team")
+    assert [j["ID"] for j in team] == ["x1"]
+    _, everything, _ = await client.get("/v1/jobs", namespace="*")
+    assert len(everything) == 5
+
+
+async def test_enforce_index_conflicts(client: Client) -> None:
+    first = await client.register(service_job("cas"), EnforceIndex=True, JobModifyIndex=0)
+    body = {"Job": service_job("cas", count=2), "EnforceIndex": True, "JobModifyIndex": 0}
+    status, text, headers = await client.put("/v1/jobs", body)
+    assert status == 500
+    assert headers["Content-Type"].startswith("text/plain")
+    assert text == "Enforcing job modify index 0: job already exists"
+    body["JobModifyIndex"] = first["JobModifyIndex"] + 100
+    status, text, _ = await client.put("/v1/job/cas", body)
+    assert status == 500
+    assert text == (
+        f"Enforcing job modify index {first['JobModifyIndex'] + 100}: "
+        f"job exists with conflicting job modify index: {first['JobModifyIndex']}"
+    )
+    body["JobModifyIndex"] = 5
+    body["Job"] = service_job("missing")
+    status, text, _ = await client.put("/v1/jobs", body)
+    assert (status, text) == (500, "Enforcing job modify index 5: job does not exist")
+    body["Job"] = service_job("cas", count=2)
+    body["JobModifyIndex"] = first["JobModifyIndex"]
+    status, out, _ = await client.put("/v1/jobs", body)
+    assert status == 200 and out["JobModifyIndex"] > first["JobModifyIndex"]
+
+
+async def test_unchanged_spec_creates_only_an_eval(client: Client, sim: Simulator) -> None:
+    first = await client.register(service_job("same"))
+    await wait_until(lambda: _status(sim, "same") == "running")
+    again = await client.register(service_job("same"))
+    _, job, _ = await client.get("/v1/job/same")
+    assert job["Version"] == 0
+    assert job["JobModifyIndex"] == first["JobModifyIndex"]
+    assert again["JobModifyIndex"] == job["ModifyIndex"] > job["JobModifyIndex"]
+    assert again["EvalID"] != first["EvalID"]
+    assert sim.counters["jobs_created"] == 1
+
+
+async def test_meta_change_is_destructive(client: Client, sim: Simulator) -> None:
+    await client.register(service_job("meta", Meta={"v": "1"}))
+    await wait_until(lambda: [a["ClientStatus"] for a in sim.allocations("meta")] == ["running"])
+    old_id = sim.allocations("meta")[0]["ID"]
+    await client.register(service_job("meta", Meta={"v": "2"}))
+    await wait_until(lambda: len(sim.allocations("meta")) == 2)
+    old = sim.allocations("meta")[0]
+    new = sim.allocations("meta")[1]
+    assert old["ID"] == old_id
+    assert old["DesiredStatus"] == "stop"
+    assert old["DesiredDescription"] == "alloc is being updated due to job update"
+    assert old["NextAllocation"] == new["ID"] and new["PreviousAllocation"] == old_id
+    assert new["Name"] == old["Name"]
+
+
+async def test_scale_is_in_place(client: Client, sim: Simulator) -> None:
+    await client.register(service_job("sc", count=1))
+    status, out, _ = await client.post(
+        "/v1/job/sc/scale", {"Count": 3, "Target": {"Group": "g"}, "Message": "up"}
+    )
+    assert status == 200 and "EvalID" in out
+    await wait_until(lambda: len(sim.allocations("sc")) == 3)
+    names = sorted(a["Name"] for a in sim.allocations("sc"))
+    assert names == ["sc.g[0]", "sc.g[1]", "sc.g[2]"]
+    assert all(a["PreviousAllocation"] == "" for a in sim.allocations("sc"))
+    status, scale, _ = await client.get("/v1/job/sc/scale")
+    assert status == 200 and scale["TaskGroups"]["g"]["Desired"] == 3
+    status, text, _ = await client.post(
+        "/v1/job/nope/scale", {"Count": 1, "Target": {"Group": "g"}}
+    )
+    assert (status, text) == (404, 'job "nope" not found')
+
+
+async def test_deregister_stop_then_purge(client: Client, sim: Simulator) -> None:
+    await client.register(service_job("gone", count=2))
+    await wait_until(
+        lambda: [a["ClientStatus"] for a in sim.allocations("gone")] == ["running"] * 2
+    )
+    status, out, _ = await client.delete("/v1/job/gone")
+    assert status == 200 and out["EvalID"]
+    _, job, _ = await client.get("/v1/job/gone")
+    assert job["Stop"] is True and job["Version"] == 1
+    await wait_until(lambda: all(a["ClientStatus"] == "complete" for a in sim.allocations("gone")))
+    assert all(a["DesiredStatus"] == "stop" for a in sim.allocations("gone"))
+    assert _status(sim, "gone") == "dead"
+    status, out, _ = await client.delete("/v1/job/gone", purge="true")
+    assert status == 200
+    status, text, _ = await client.get("/v1/job/gone")
+    assert (status, text) == (404, "job not found")
+    status, out, _ = await client.delete("/v1/job/never-existed")
+    assert status == 200 and out["EvalID"] == "" and out["JobModifyIndex"] == 0
+
+
+async def test_bad_requests_get_nomad_errors(client: Client) -> None:
+    cases: list[tuple[tuple[str, str], dict[str, Any], int, str]] = [
+        (("PUT", "/v1/jobs"), {"raw": b"{not json"}, 400, "Failed to decode request body"),
+        (("PUT", "/v1/jobs"), {"body": {"NoJob": 1}}, 400, "Job must be specified"),
+        (("PUT", "/v1/jobs"), {"body": {"Job": {"Name": "x"}}}, 400, "Job ID hasn't been provided"),
+        (("PUT", "/v1/job/a"), {"body": {"Job": {"ID": "b"}}}, 400, "Job ID does not match name"),
+        (("GET", "/v1/nonsense"), {}, 404, "404 page not found"),
+        (("PATCH", "/v1/jobs"), {}, 405, "Invalid method"),
+        (("GET", "/v1/job/none"), {}, 404, "job not found"),
+        (("GET", "/v1/allocation/none"), {}, 404, "alloc not found"),
+        (("DELETE", "/v1/job/x?purge=maybe"), {}, 400, 'Failed to parse value of "purge"'),
+    ]
+    for (method, path), kwargs, code, message in cases:
+        status, text, headers = await client.call(method, path, **kwargs)
+        assert status == code, (method, path, text)
+        assert isinstance(text, str) and text.startswith(message), (path, text)
+        assert headers["Content-Type"].startswith("text/plain")
+
+
+async def test_type_defaults_follow_the_reference(client: Client) -> None:
+    await client.register(service_job("svc"))
+    await client.register(service_job("bat", Type="batch"))
+    _, svc, _ = await client.get("/v1/job/svc")
+    _, bat, _ = await client.get("/v1/job/bat")
+    svc_group, bat_group = svc["TaskGroups"][0], bat["TaskGroups"][0]
+    assert svc_group["RestartPolicy"] == {
+        "Attempts": 2,
+        "Interval": 1_800_000_000_000,
+        "Delay": 15_000_000_000,
+        "Mode": "fail",
+    }
+    assert bat_group["RestartPolicy"]["Attempts"] == 3
+    assert svc_group["ReschedulePolicy"]["Unlimited"] is True
+    assert svc_group["ReschedulePolicy"]["DelayFunction"] == "exponential"
+    assert bat_group["ReschedulePolicy"]["Attempts"] == 1
+    assert bat_group["ReschedulePolicy"]["Delay"] == 5_000_000_000
+    assert svc["Update"]["MaxParallel"] == 1 and bat.get("Update") is None
+
+
+async def test_dispatch_plan_revert_and_versions(client: Client, sim: Simulator) -> None:
+    parent = service_job("param", Type="batch", ParameterizedJob={"MetaRequired": ["time"]})
+    out = await client.register(parent)
+    assert out["EvalID"] == ""  # parameterized jobs get no eval
+    status, text, _ = await client.post("/v1/job/param/dispatch", {"Meta": {}})
+    assert status == 400 and "time" in text
+    status, text, _ = await client.post("/v1/job/param/dispatch", {"Meta": {"time": "1", "x": "y"}})
+    assert status == 400 and "x" in text
+    status, child, _ = await client.post("/v1/job/param/dispatch", {"Meta": {"time": "1"}})
+    assert status == 200 and child["DispatchedJobID"].startswith("param/dispatch-")
+    await wait_until(lambda: len(sim.allocations(child["DispatchedJobID"])) == 1)
+    _, read, _ = await client.get("/v1/job/" + child["DispatchedJobID"].replace("/", "%2F"))
+    assert read["ParentID"] == "param" and read["Meta"] == {"time": "1"}
+    status, text, _ = await client.post("/v1/job/svc/dispatch", {})
+    assert (status, text) == (404, "job not found")
+
+    await client.register(service_job("rv", count=1))
+    await client.register(service_job("rv", count=2))
+    status, plan, _ = await client.post("/v1/job/rv/plan", {"Job": service_job("rv", count=3)})
+    assert status == 200 and plan["Annotations"]["DesiredTGUpdates"]["g"]["Place"] == 3
+    status, text, _ = await client.post(
+        "/v1/job/rv/revert", {"JobVersion": 0, "EnforcePriorVersion": 0}
+    )
+    assert status == 400 and text.startswith("Current job has version 1")
+    status, _, _ = await client.post(
+        "/v1/job/rv/revert", {"JobVersion": 0, "EnforcePriorVersion": 1}
+    )
+    assert status == 200
+    _, versions, _ = await client.get("/v1/job/rv/versions")
+    counts = [v["TaskGroups"][0]["Count"] for v in versions["Versions"]]
+    assert counts == [1, 2, 1]  # newest first: the revert is version 2
+    assert (await client.post("/v1/job/rv/stable", {"JobVersion": 2, "Stable": True}))[0] == 200
+    assert sim.get_job("rv")["Stable"] is True  # type: ignore[index]

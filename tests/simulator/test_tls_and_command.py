@@ -1,0 +1,92 @@
+"""TLS serving (for real certificate verification) and the `poolkeeper sim` argument checks."""
+
+from __future__ import annotations
+
+import argparse
+import ssl
+import subprocess
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from controller.simulator import Simulator, start_sim
+from controller.simulator.command import main
+
+
+def _self_signed(folder: Path) -> tuple[Path, Path]:
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+async def test_tls_server_verifies_with_its_ca(tmp_path: Path) -> None:
+    cert, key = _self_signed(tmp_path)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+    server = await start_sim(Simulator(nodes=["n"]), ssl_context=server_ctx)
+    try:
+        assert server.url.startswith("https://127.0.0.1:")
+        trusting = ssl.create_default_context(cafile=str(cert))
+        async with aiohttp.ClientSession() as session:
+            async with session.get(server.url + "/v1/status/leader", ssl=trusting) as resp:
+                assert resp.status == 200
+            with pytest.raises(aiohttp.ClientConnectorCertificateError):
+                await session.get(
+                    server.url + "/v1/status/leader", ssl=ssl.create_default_context()
+                )
+    finally:
+        await server.stop()
+
+
+def _args(**overrides: object) -> argparse.Namespace:
+    values: dict[str, object] = {
+        "listen": "127.0.0.1:0",
+        "nodes": None,
+        "acl_enabled": False,
+        "seed": 0,
+        "tls_cert": None,
+        "tls_key": None,
+    }
+    values.update(overrides)
+    return argparse.Namespace(**values)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"listen": "nope"}, "nope"),
+        ({"listen": "127.0.0.1:99999"}, "127.0.0.1:99999"),
+        ({"tls_cert": "/missing/cert.pem", "tls_key": "/missing/key.pem"}, "/missing/cert.pem"),
+        ({"tls_cert": "/only/cert.pem"}, "--tls-key"),
+        ({"nodes": ["a", "a"]}, "'a'"),
+        ({"nodes": [""]}, "--node"),
+    ],
+)
+def test_bad_values_exit_2_with_one_line(
+    overrides: dict[str, object], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(_args(**overrides)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and named in err
