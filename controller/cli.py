@@ -57,14 +57,25 @@ def build_parser() -> argparse.ArgumentParser:
     auth.add_argument("--insecure-no-auth", action="store_true")
     run.add_argument("--no-reconcile", action="store_true", help="serve the API only")
     run.add_argument("--prune", action="store_true", help="drain orphaned runner jobs")
-    run.set_defaults(handler=_not_built("run"))
+    run.set_defaults(handler=_command("controller.standalone"))
 
     operator = commands.add_parser("operator", help="the controller as a Kubernetes operator")
     scope = operator.add_mutually_exclusive_group()
-    scope.add_argument("--namespace", action="append")
+    scope.add_argument("--namespace", action="append", help="watch this namespace (repeatable)")
     scope.add_argument("--all-namespaces", action="store_true")
-    operator.add_argument("--listen", default="0.0.0.0:8080")
-    operator.set_defaults(handler=_not_built("operator"))
+    operator.add_argument("--listen", default="0.0.0.0:8080", help="HOST:PORT of the HTTP API")
+    operator.add_argument("--resync-seconds", type=float, default=10.0)
+    operator_auth = operator.add_mutually_exclusive_group()
+    operator_auth.add_argument("--api-token-file")
+    operator_auth.add_argument("--insecure-no-auth", action="store_true")
+    operator.add_argument("--peering", help="kopf peering object for active/passive HA")
+    operator.add_argument(
+        "--priority", type=int, help="peering priority (default: random, distinct per replica)"
+    )
+    operator.add_argument(
+        "--liveness", help="kopf liveness endpoint, e.g. http://0.0.0.0:8081/healthz"
+    )
+    operator.set_defaults(handler=_command("controller.operator"))
 
     sim = commands.add_parser("sim", help="a Nomad HTTP API simulator")
     sim.add_argument("--listen", default="127.0.0.1:4646")
@@ -76,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.set_defaults(handler=_command("controller.simulator.command"))
 
     demo = commands.add_parser("demo", help="a scripted story on the simulator")
-    demo.set_defaults(handler=_not_built("demo"))
+    demo.set_defaults(handler=_command("controller.demo"))
 
     bench = commands.add_parser("bench", help="the benchmarks")
     bench.add_argument("--quick", action="store_true")
@@ -93,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--url", default="http://127.0.0.1:8080")
     status.add_argument("--token-file")
     status.add_argument("--watch", action="store_true")
-    status.set_defaults(handler=_not_built("status"))
+    status.set_defaults(handler=_command("controller.status_command"))
     return parser
 
 

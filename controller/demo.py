@@ -1,0 +1,300 @@
+"""`poolkeeper demo`: the simulator and the controller on free loopback ports, a scripted
+story with a live table, and the invariants checked after every step.
+
+Exit 0 when every invariant held, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import shutil
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import yaml
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from controller.cli import EXIT_FAILURE, EXIT_OK
+from controller.engine.types import RunnerState
+from controller.invariants import NomadJob, PoolSnapshot, check_invariants
+from controller.nomad.config import NomadConfig
+from controller.nomad.jobs import META_POOL
+from controller.simulator import SimServer, Simulator, start_sim
+from controller.standalone import Controller, Settings
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "pools.yaml"
+SETTLE_SECONDS = 20.0
+START_DELAY = 0.3
+RESYNC_SECONDS = 2.0
+
+
+@dataclass
+class Story:
+    controller: Controller
+    sim: Simulator
+    server: SimServer
+    pools_file: Path
+    console: Console
+    log: list[tuple[str, str]] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+
+    def say(self, step: str, outcome: str = "…") -> None:
+        self.log.append((step, outcome))
+
+    def table(self) -> Group:
+        pools = Table(title="pools", expand=False)
+        for column in (
+            "pool",
+            "desired",
+            "idle",
+            "starting",
+            "claimed",
+            "outdated",
+            "total",
+            "ready",
+        ):
+            if column == "pool":
+                pools.add_column(column, no_wrap=True, min_width=28)
+            else:
+                pools.add_column(column, justify="left" if column == "ready" else "right")
+        for managed in sorted(self.controller.engine.pools.values(), key=lambda m: m.key):
+            status = managed.status.to_dict() if managed.status else {}
+            ready = next(
+                (c["status"] for c in status.get("conditions", []) if c["type"] == "Ready"), "-"
+            )
+            pools.add_row(
+                managed.key,
+                str(managed.policy.desired_idle),
+                *(
+                    str(status.get(k, "-"))
+                    for k in (
+                        "idleRunners",
+                        "startingRunners",
+                        "claimedRunners",
+                        "outdatedRunners",
+                        "totalRunners",
+                    )
+                ),
+                ready,
+            )
+        steps = Table(title="story", show_header=False, expand=False)
+        steps.add_column("step")
+        steps.add_column("outcome")
+        for step, outcome in self.log[-12:]:
+            style = "green" if outcome.startswith("ok") else "red" if "violat" in outcome else ""
+            steps.add_row(step, Text(outcome, style=style))
+        return Group(pools, steps)
+
+    async def snapshot(self) -> tuple[list[PoolSnapshot], list[NomadJob]]:
+        engine = self.controller.engine
+        for namespace in engine.namespaces():
+            await engine.reconcile_namespace(namespace)
+        pools = []
+        for managed in engine.pools.values():
+            runners = managed.runners
+            pools.append(
+                PoolSnapshot(
+                    key=managed.key,
+                    desired_idle=managed.policy.desired_idle,
+                    max_runners=managed.policy.max_runners,
+                    idle=sum(r.state in (RunnerState.IDLE, RunnerState.OUTDATED) for r in runners),
+                    total=len(runners),
+                    runner_ids=frozenset(r.id for r in runners),
+                )
+            )
+        jobs = []
+        for namespace in engine.namespaces():
+            for stub in await self.controller.client.list_jobs(namespace):
+                pool = (stub.get("Meta") or {}).get(META_POOL)
+                if pool:
+                    live = stub.get("Status") != "dead" and not stub.get("Stop")
+                    jobs.append(NomadJob(stub["ID"], pool, live))
+        return pools, jobs
+
+    async def settle(
+        self, step: str, extra: Callable[[], Awaitable[list[str]]] | None = None
+    ) -> bool:
+        """Wait until the invariants hold (bounded); record the outcome of the step."""
+        self.say(step)
+        deadline = time.monotonic() + SETTLE_SECONDS
+        started = time.monotonic()
+        while True:
+            pools, jobs = await self.snapshot()
+            violations = check_invariants(pools, jobs)
+            if extra is not None:
+                violations += await extra()
+            if not violations:
+                self.log[-1] = (step, f"ok in {time.monotonic() - started:.1f} s")
+                return True
+            if time.monotonic() > deadline:
+                self.log[-1] = (step, "invariants violated: " + "; ".join(violations))
+                self.violations += [f"{step}: {v}" for v in violations]
+                return False
+            await asyncio.sleep(0.25)
+
+    def edit_pools(self, change: Callable[[list[dict[str, object]]], None]) -> None:
+        documents = list(yaml.safe_load_all(self.pools_file.read_text()))
+        change(documents)
+        self.pools_file.write_text(yaml.safe_dump_all(documents, sort_keys=False))
+        self.controller.load_pools()  # what SIGHUP does
+
+
+async def play(story: Story) -> None:
+    engine = story.controller.engine
+    await story.settle("pools fill to their idle counts")
+
+    idle = [r for m in engine.pools.values() for r in m.runners if r.state is RunnerState.IDLE][:3]
+    for runner in idle:
+        assert runner.allocation is not None
+        await story.sim.reschedule_allocation(runner.allocation.id)
+    await story.settle(f"instant reschedule of {len(idle)} idle runners (the Poseidon seed order)")
+
+    on_node = Counter(
+        r.allocation.node_name for m in engine.pools.values() for r in m.runners if r.allocation
+    )
+    node, count = on_node.most_common(1)[0]
+    await story.sim.node_down(node)
+    await story.settle(f"node {node} goes down with {count} runners; they are replaced")
+
+    await claims_step(story)
+
+    first = sorted(engine.pools)[0]
+
+    def scale(count: int) -> Callable[[list[dict[str, object]]], None]:
+        def change(documents: list[dict[str, object]]) -> None:
+            for document in documents:
+                metadata = document["metadata"]
+                assert isinstance(metadata, dict)
+                if f"{metadata.get('namespace', 'default')}/{metadata['name']}" == first:
+                    spec = document["spec"]
+                    assert isinstance(spec, dict)
+                    spec["idleRunners"] = count
+
+        return change
+
+    desired = engine.pools[first].policy.desired_idle
+    story.edit_pools(scale(desired + 3))
+    await story.settle(f"scale {first} up to {desired + 3}")
+    story.edit_pools(scale(max(1, desired - 1)))
+    await story.settle(f"scale {first} down to {max(1, desired - 1)}")
+
+    def new_image(documents: list[dict[str, object]]) -> None:
+        for document in documents:
+            spec = document["spec"]
+            assert isinstance(spec, dict)
+            runner = spec["runner"]
+            assert isinstance(runner, dict)
+            runner["image"] = f"{runner['image']}-patched"
+
+    story.edit_pools(new_image)
+
+    async def rolled_out() -> list[str]:
+        return [
+            f"pool {m.key} still has {sum(r.state is RunnerState.OUTDATED for r in m.runners)} "
+            "outdated runners"
+            for m in engine.pools.values()
+            if any(r.state is RunnerState.OUTDATED for r in m.runners)
+        ]
+
+    await story.settle("the image changes; runners roll over", rolled_out)
+
+
+async def claims_step(story: Story) -> None:
+    """Two clients claim runners through the HTTP API; one keeps its runner alive, the
+    other releases it. Replacements keep every pool at its idle count."""
+    controller = story.controller
+    key = sorted(controller.engine.pools)[-1]
+    namespace, name = key.split("/", 1)
+    async with aiohttp.ClientSession(controller.url) as http:
+        claimed = []
+        for _ in range(2):
+            async with http.post(f"/v1/pools/{namespace}/{name}/claims", json={}) as response:
+                if response.status != 201:
+                    story.violations.append(f"claim answered {response.status}")
+                    return
+                claimed.append(await response.json())
+        first, second = (c["runnerId"] for c in claimed)
+        async with http.post(f"/v1/runners/{first}/keepalive") as response:
+            kept = response.status
+        async with http.delete(f"/v1/runners/{second}") as response:
+            released = response.status
+        async with http.delete(f"/v1/runners/{second}") as response:
+            again = (response.status, (await response.json())["error"].get("reason"))
+    if (kept, released, again) != (200, 204, (410, "Released")):
+        story.violations.append(
+            f"claim API: keepalive {kept}, release {released}, second release {again}"
+        )
+
+    async def one_claimed() -> list[str]:
+        claimed_now = [
+            r.id for r in controller.engine.pools[key].runners if r.state is RunnerState.CLAIMED
+        ]
+        return [] if claimed_now == [first] else [f"claimed runners {claimed_now}, want [{first}]"]
+
+    await story.settle(
+        f"two clients claim from {key}; one keeps its runner, one releases it", one_claimed
+    )
+
+
+async def run_demo(console: Console) -> int:
+    workdir = Path(tempfile.mkdtemp(prefix="poolkeeper-demo-"))
+    try:
+        pools_file = workdir / "pools.yaml"
+        shutil.copy(EXAMPLES, pools_file)
+        sim = Simulator(seed=7, start_delay=START_DELAY)
+        server = await start_sim(sim, host="127.0.0.1", port=0)
+        settings = Settings(
+            pools_path=pools_file,
+            listen=("127.0.0.1", 0),
+            resync_seconds=RESYNC_SECONDS,
+            insecure_no_auth=True,
+        )
+        controller = Controller(settings, NomadConfig.from_env({"NOMAD_ADDR": server.url}))
+        story = Story(controller, sim, server, pools_file, console)
+        await controller.start()
+        console.print(f"simulator at {server.url}, controller at {controller.url}")
+        try:
+            with Live(story.table(), console=console, refresh_per_second=4) as live:
+                refresher = asyncio.create_task(_refresh(live, story))
+                try:
+                    await play(story)
+                finally:
+                    refresher.cancel()
+                live.update(story.table())
+            console.print()
+        finally:
+            await controller.stop()
+            await server.stop()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    if story.violations:
+        console.print("[red]invariants violated:[/red]")
+        for violation in story.violations:
+            console.print(f"  {violation}")
+        return EXIT_FAILURE
+    console.print("[green]every invariant held[/green]")
+    return EXIT_OK
+
+
+async def _refresh(live: Live, story: Story) -> None:
+    while True:
+        live.update(story.table())
+        await asyncio.sleep(0.25)
+
+
+def main(_: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.WARNING)
+    console = Console()
+    if not console.is_terminal:  # logs and CI: wide enough that the tables do not wrap
+        console = Console(width=110)
+    return asyncio.run(run_demo(console))

@@ -1,0 +1,633 @@
+"""The level-triggered loop: observe → classify → plan → apply → status, per Nomad namespace.
+
+One loop per Nomad namespace. It runs on the resync period and whenever a hint arrives
+(an event from Nomad's stream, a claim that consumed an idle runner, a spec change). A hint
+never changes state by itself; it only makes the loop look again soon. Hints arriving
+within the coalescing window cost one pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from controller.engine import breaker as breakers
+from controller.engine.classify import classify
+from controller.engine.observe import ClaimCache, observe_namespace, read_claims
+from controller.engine.plan import Destroy, DestroyReason, Plan, plan
+from controller.engine.status import PoolStatus, compute_status, count, needs_write
+from controller.engine.types import (
+    ClaimRecord,
+    ClaimState,
+    JobView,
+    PoolMode,
+    PoolObservation,
+    PoolPolicy,
+    Runner,
+    claim_path,
+    format_time,
+    parse_time,
+    request_path,
+    split_observation,
+)
+from controller.metrics import Metrics
+from controller.model import RunnerPool
+from controller.nomad.client import NomadClient
+from controller.nomad.errors import NomadConflict, NomadError
+from controller.nomad.jobs import (
+    is_runner_id,
+    new_runner_id,
+    render_job,
+    runner_job,
+    runner_prefix,
+    template_hash,
+)
+
+log = logging.getLogger(__name__)
+
+DRAINS_PREFIX = "poolkeeper/pools/"
+DEFAULT_DRAIN_SECONDS = 3600
+
+Clock = Callable[[], datetime]
+StatusSink = Callable[[str, PoolStatus], Awaitable[None] | None]
+
+COALESCE_SECONDS = 0.02
+APPLY_CONCURRENCY = 32
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def drain_path(key: str) -> str:
+    # Variable paths allow no ".", which pool names may hold; "~" never occurs in a name.
+    return DRAINS_PREFIX + key.replace(".", "~")
+
+
+@dataclass
+class ManagedPool:
+    """A pool the engine keeps, with what it learnt on the last pass."""
+
+    pool: RunnerPool | None  # None: a drain resumed from Nomad or an orphan being pruned
+    policy: PoolPolicy
+    rendered_job: dict[str, Any]
+    generation: int
+    order: int  # first registration; the earlier of two pools with one prefix wins
+    problem: tuple[str, str] | None = None
+    breaker: breakers.BreakerState = field(default_factory=breakers.BreakerState)
+    status: PoolStatus | None = None
+    status_written_at: datetime | None = None
+    runners: tuple[Runner, ...] = ()
+    observation: PoolObservation | None = None
+    observed: bool = False
+    observation_started: float = 0.0  # time.monotonic() when the last observation began
+
+    @property
+    def key(self) -> str:
+        return self.policy.key
+
+
+@dataclass(frozen=True)
+class Applied:
+    created: int = 0
+    create_errors: int = 0
+    destroyed: int = 0
+    errors: int = 0
+
+
+@dataclass(frozen=True)
+class PassResult:
+    namespace: str
+    seconds: float
+    created: int
+    destroyed: int
+    errors: int
+
+
+class Engine:
+    def __init__(
+        self,
+        client: NomadClient,
+        metrics: Metrics,
+        *,
+        resync_seconds: float = 10.0,
+        clock: Clock = utcnow,
+        rng: random.Random | None = None,
+        on_status: StatusSink | None = None,
+        surge: int = 20,
+        reconcile: bool = True,
+        home_namespace: str = "default",
+        prune: bool = False,
+    ) -> None:
+        self.client = client
+        self.metrics = metrics
+        self.resync_seconds = resync_seconds
+        self.clock = clock
+        self.rng = rng
+        self.on_status = on_status
+        self.surge = surge
+        self.reconcile = reconcile
+        self.home_namespace = home_namespace
+        self.prune = prune
+        # Keys of pools defined somewhere but not valid now: never orphans, never pruned.
+        self.protected: set[str] = set()
+        self._drain_records: dict[str, int] = {}  # pool key -> ModifyIndex of its record
+        self._reported_orphans: set[str] = set()
+        self.pools: dict[str, ManagedPool] = {}
+        self._order = itertools.count()
+        self._caches: dict[str, ClaimCache] = {}
+        self._wake: dict[str, asyncio.Event] = {}
+        self._loops: dict[str, asyncio.Task[None]] = {}
+        self._pass_lock: dict[str, asyncio.Lock] = {}
+        self._running = False
+        self._apply_slots = asyncio.Semaphore(APPLY_CONCURRENCY)
+        self._observed: dict[str, asyncio.Event] = {}
+        self._deadlines: dict[str, datetime] = {}
+        self.passes: dict[str, PassResult] = {}
+
+    # ---- pools -------------------------------------------------------------------------
+
+    def upsert_pool(
+        self, pool: RunnerPool, generation: int = 0, problem: tuple[str, str] | None = None
+    ) -> None:
+        """Register a new pool or replace the spec of a known one (immutable fields are the
+        caller's to check)."""
+        rendered = render_job(pool)
+        existing = self.pools.get(pool.key)
+        policy = PoolPolicy(
+            key=pool.key,
+            nomad_namespace=pool.spec.nomad.namespace,
+            job_prefix=pool.job_prefix,
+            desired_idle=pool.spec.idle_runners,
+            max_runners=pool.spec.max_runners,
+            startup_timeout_seconds=pool.spec.startup_timeout_seconds,
+            template_hash=template_hash(rendered),
+            surge=self.surge,
+        )
+        if existing is None:
+            self.pools[pool.key] = ManagedPool(
+                pool, policy, rendered, generation, next(self._order), problem
+            )
+        else:
+            existing.pool, existing.policy, existing.rendered_job = pool, policy, rendered
+            existing.generation, existing.problem = generation, problem
+        self._resolve_prefix_conflicts()
+        self._ensure_loop(policy.nomad_namespace)
+        self.hint_namespace(policy.nomad_namespace)
+
+    def remove_pool(self, key: str, mode: PoolMode | None, drain_seconds: float = 0) -> None:
+        """Stop managing a pool. With a mode (drain/delete) its runners are still destroyed
+        as that mode says; with None (Orphan) Nomad is left alone."""
+        managed = self.pools.get(key)
+        if managed is None:
+            return
+        if mode is None or mode is PoolMode.ACTIVE or not self.reconcile:
+            del self.pools[key]
+            self.metrics.forget_pool(key)
+        else:
+            deadline = self.clock() + timedelta(seconds=drain_seconds)
+            managed.policy = replace(managed.policy, mode=mode, drain_deadline=deadline)
+        self._resolve_prefix_conflicts()
+        self.hint_namespace(managed.policy.nomad_namespace)
+
+    def _add_draining(
+        self, key: str, namespace: str, job_prefix: str, mode: PoolMode, deadline: datetime
+    ) -> None:
+        """Manage a pool known only by its runners: a resumed drain or a pruned orphan."""
+        policy = PoolPolicy(
+            key=key,
+            nomad_namespace=namespace,
+            job_prefix=job_prefix,
+            desired_idle=0,
+            max_runners=0,
+            startup_timeout_seconds=1,
+            template_hash="",
+            mode=mode,
+            drain_deadline=deadline,
+        )
+        self.pools[key] = ManagedPool(None, policy, {}, 0, next(self._order))
+        self._resolve_prefix_conflicts()
+        self._ensure_loop(namespace)
+        self.hint_namespace(namespace)
+
+    async def resume_drains(self) -> None:
+        """Take up the drains a previous process recorded in Nomad and did not finish."""
+        home = self.home_namespace
+        for meta in await self.client.list_variables(DRAINS_PREFIX, home):
+            variable = await self.client.read_variable(meta["Path"], home)
+            if variable is None:
+                continue
+            items = variable.get("Items", {})
+            try:
+                key, mode = items["pool"], PoolMode(items["mode"])
+                namespace, prefix = items["namespace"], items["jobPrefix"]
+                deadline = parse_time(items["deadline"])
+            except (KeyError, ValueError) as error:
+                log.warning("ignoring malformed drain record %s: %s", meta["Path"], error)
+                continue
+            self._drain_records[key] = int(variable.get("ModifyIndex", 0))
+            if key not in self.pools:
+                log.info("resuming the %s of pool %s", mode.value, key)
+                self._add_draining(key, namespace, prefix, mode, deadline)
+
+    async def _sync_drain_record(self, managed: ManagedPool) -> None:
+        """A pool being drained or deleted is recorded in Nomad so a restart resumes it;
+        a pool defined again cancels its record."""
+        key, policy = managed.key, managed.policy
+        path = drain_path(key)
+        if policy.mode is not PoolMode.ACTIVE and key not in self._drain_records:
+            deadline = policy.drain_deadline or self.clock()
+            items = {
+                "pool": key,
+                "namespace": policy.nomad_namespace,
+                "jobPrefix": policy.job_prefix,
+                "mode": policy.mode.value,
+                "deadline": format_time(deadline),
+            }
+            try:
+                stored = await self.client.put_variable(path, items, self.home_namespace, cas=0)
+            except NomadConflict as conflict:
+                stored = conflict.current or {}
+            self._drain_records[key] = int(stored.get("ModifyIndex", 0))
+        elif policy.mode is PoolMode.ACTIVE and key in self._drain_records:
+            await self._drop_drain_record(key)
+
+    async def _drop_drain_record(self, key: str) -> None:
+        index = self._drain_records.pop(key, None)
+        if index is not None:
+            with contextlib.suppress(NomadConflict):
+                await self.client.delete_variable(drain_path(key), self.home_namespace, cas=index)
+
+    def _take_orphans(self, namespace: str, orphans: list[JobView]) -> None:
+        """Report runner jobs of pools defined nowhere; with --prune, drain them."""
+        for job in orphans:
+            key = job.pool
+            if key in self.pools or key in self.protected:
+                continue
+            prefix = runner_prefix(job.id)
+            if self.prune and prefix is not None:
+                log.warning("pruning orphaned runners of pool %s (--prune)", key)
+                deadline = self.clock() + timedelta(seconds=DEFAULT_DRAIN_SECONDS)
+                self._add_draining(key, namespace, prefix, PoolMode.DRAIN, deadline)
+            elif key not in self._reported_orphans:
+                self._reported_orphans.add(key)
+                log.warning(
+                    "namespace %s holds runner jobs of pool %s, which is not defined: "
+                    "left alone (orphaned; --prune drains them)",
+                    namespace,
+                    key,
+                )
+
+    def _resolve_prefix_conflicts(self) -> None:
+        owners: dict[tuple[str, str], ManagedPool] = {}
+        for managed in sorted(self.pools.values(), key=lambda m: m.order):
+            slot = (managed.policy.nomad_namespace, managed.policy.job_prefix)
+            owner = owners.setdefault(slot, managed)
+            if owner is not managed:
+                managed.problem = (
+                    "PrefixConflict",
+                    f"job prefix {managed.policy.job_prefix!r} in Nomad namespace "
+                    f"{slot[0]!r} is already used by pool {owner.key}",
+                )
+            elif managed.problem is not None and managed.problem[0] == "PrefixConflict":
+                managed.problem = None
+
+    def active_pools(self, namespace: str) -> list[ManagedPool]:
+        return [
+            m
+            for m in self.pools.values()
+            if m.policy.nomad_namespace == namespace and m.problem is None
+        ]
+
+    def namespaces(self) -> set[str]:
+        return {m.policy.nomad_namespace for m in self.pools.values()}
+
+    def ready(self) -> list[str]:
+        """Keys of the valid pools not observed yet; empty when the engine is ready."""
+        return [m.key for m in self.pools.values() if m.problem is None and not m.observed]
+
+    # ---- hints and loops ---------------------------------------------------------------
+
+    def hint_namespace(self, namespace: str) -> None:
+        event = self._wake.get(namespace)
+        if event is not None:
+            event.set()
+
+    def hint_job(self, namespace: str, job_id: str) -> None:
+        """An event about a job: wake the namespace only if the job looks like a runner."""
+        if any(is_runner_id(m.policy.job_prefix, job_id) for m in self.active_pools(namespace)):
+            self.hint_namespace(namespace)
+
+    def _ensure_loop(self, namespace: str) -> None:
+        self._wake.setdefault(namespace, asyncio.Event())
+        self._pass_lock.setdefault(namespace, asyncio.Lock())
+        if self._running and namespace not in self._loops:
+            self._loops[namespace] = asyncio.create_task(
+                self._loop(namespace), name=f"reconcile:{namespace}"
+            )
+
+    async def start(self) -> None:
+        self._running = True
+        for namespace in self.namespaces():
+            self._ensure_loop(namespace)
+
+    async def stop(self) -> None:
+        """Stop the loops. Stopping never destroys runners: Nomad keeps them."""
+        self._running = False
+        loops = list(self._loops.values())
+        self._loops.clear()
+        for task in loops:
+            task.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+
+    async def _loop(self, namespace: str) -> None:
+        wake = self._wake[namespace]
+        while True:
+            try:
+                await asyncio.wait_for(wake.wait(), timeout=self._sleep_seconds(namespace))
+                await asyncio.sleep(COALESCE_SECONDS)
+            except TimeoutError:
+                pass
+            wake.clear()
+            try:
+                await self.reconcile_namespace(namespace)
+            except NomadError as error:
+                log.warning("reconcile of namespace %s failed: %s", namespace, error)
+                await asyncio.sleep(min(1.0, self.resync_seconds))
+            except Exception:
+                log.exception("reconcile of namespace %s crashed; retrying", namespace)
+                await asyncio.sleep(min(1.0, self.resync_seconds))
+
+    def _sleep_seconds(self, namespace: str) -> float:
+        """Until the resync, or until the next claim deadline if that comes first, so an
+        expired claim is destroyed at its deadline rather than a resync later."""
+        deadline = self._deadlines.get(namespace)
+        if deadline is None:
+            return self.resync_seconds
+        until = (deadline - self.clock()).total_seconds() + COALESCE_SECONDS
+        return max(COALESCE_SECONDS, min(self.resync_seconds, until))
+
+    async def wait_for_observation(self, key: str, within: float) -> None:
+        """Wait (at most `within` seconds) until the pool has been observed again."""
+        event = self._observed.setdefault(key, asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout=within)
+
+    async def read_claims(self, namespace: str) -> dict[str, ClaimRecord]:
+        claims, _ = await read_claims(
+            self.client, namespace, self._caches.setdefault(namespace, ClaimCache())
+        )
+        return claims
+
+    # ---- one pass ----------------------------------------------------------------------
+
+    async def reconcile_namespace(self, namespace: str) -> PassResult:
+        """One full pass over a Nomad namespace: every pool in it, one observation."""
+        async with self._pass_lock.setdefault(namespace, asyncio.Lock()):
+            started = time.perf_counter()
+            try:
+                with self.metrics.reconcile_duration.time():
+                    result = await self._pass(namespace, started)
+            except NomadError:
+                for managed in self.active_pools(namespace):
+                    self.metrics.reconcile_total.labels(pool=managed.key, result="error").inc()
+                raise
+            self.passes[namespace] = result
+            return result
+
+    async def _pass(self, namespace: str, started: float) -> PassResult:
+        cache = self._caches.setdefault(namespace, ClaimCache())
+        observation_started = time.monotonic()
+        observed = await observe_namespace(self.client, namespace, cache)
+        now = self.clock()
+        upcoming = [
+            c.expires_at
+            for c in observed.claims.values()
+            if not c.is_tombstone and c.expires_at > now
+        ]
+        self._deadlines[namespace] = min(upcoming, default=now + timedelta(days=1))
+        pools = self.active_pools(namespace)
+        by_pool, orphans = split_observation(
+            [m.policy for m in pools],
+            observed.jobs,
+            observed.allocations,
+            observed.claims,
+            observed.malformed_claims,
+        )
+        if self.reconcile:
+            self._take_orphans(namespace, orphans)
+            for managed in pools:
+                await self._sync_drain_record(managed)
+        outcomes = await asyncio.gather(
+            *(self._reconcile_pool(m, by_pool[m.key], now, observation_started) for m in pools)
+        )
+        for managed in self.pools.values():
+            if managed.policy.nomad_namespace == namespace and managed.problem is not None:
+                await self._publish(managed, [], now)
+        await self._finish_drains(pools)
+        return PassResult(
+            namespace,
+            time.perf_counter() - started,
+            created=sum(o.created for o in outcomes),
+            destroyed=sum(o.destroyed for o in outcomes),
+            errors=sum(o.errors for o in outcomes),
+        )
+
+    async def _reconcile_pool(
+        self,
+        managed: ManagedPool,
+        observation: PoolObservation,
+        now: datetime,
+        observation_started: float,
+    ) -> Applied:
+        policy = managed.policy
+        runners = classify(policy, observation, now)
+        started = breakers.count_started(managed.runners, runners)
+        managed.runners, managed.observation, managed.observed = tuple(runners), observation, True
+        managed.observation_started = observation_started
+        self._observed.pop(managed.key, asyncio.Event()).set()
+        if not self.reconcile:  # a claims-only replica observes, never acts
+            await self._publish(managed, runners, now)
+            return Applied()
+        todo = plan(
+            policy,
+            observation,
+            runners,
+            now,
+            creation_allowed=breakers.creation_allowed(managed.breaker, now),
+        )
+        applied = await self._apply(managed, todo, runners, now)
+        # A registration Nomad accepted says nothing about whether the image starts: the
+        # breaker counts runners that reached running as successes, and failed
+        # registrations, failed starts and startup timeouts as failures.
+        start_failures = sum(
+            1
+            for d in todo.destroy
+            if d.reason in (DestroyReason.STARTUP_TIMEOUT, DestroyReason.FAILED)
+        )
+        managed.breaker = breakers.record(
+            managed.breaker, started, applied.create_errors + start_failures, now
+        )
+        self.metrics.reconcile_total.labels(
+            pool=policy.key, result="error" if applied.errors else "success"
+        ).inc()
+        await self._publish(managed, runners, now)
+        return applied
+
+    async def _publish(self, managed: ManagedPool, runners: list[Runner], now: datetime) -> None:
+        status = compute_status(
+            managed.policy,
+            runners,
+            now=now,
+            previous=managed.status,
+            observed_generation=managed.generation,
+            breaker_open=breakers.degraded(managed.breaker),
+            problem=managed.problem,
+        )
+        counts = count(runners)
+        self.metrics.set_runner_counts(
+            managed.key,
+            {
+                "idle": counts.idle - counts.outdated,
+                "starting": counts.starting,
+                "claimed": counts.claimed,
+                "outdated": counts.outdated,
+                "terminating": counts.terminating,
+            },
+            managed.policy.desired_idle,
+        )
+        if managed.status is not None and not needs_write(managed.status, status, now):
+            return
+        managed.status, managed.status_written_at = status, now
+        if self.on_status is not None:
+            written = self.on_status(managed.key, status)
+            if written is not None:
+                await written
+
+    async def _finish_drains(self, pools: Iterable[ManagedPool]) -> None:
+        """A removed pool is forgotten once Nomad holds nothing of it: no runner job and no
+        claim variable (its tombstones are forgotten by the plan after ten minutes)."""
+        for managed in list(pools):
+            if managed.policy.mode is PoolMode.ACTIVE or managed.observation is None:
+                continue
+            if not managed.runners and not managed.observation.claims:
+                log.info("pool %s drained; forgetting it", managed.key)
+                del self.pools[managed.key]
+                self.metrics.forget_pool(managed.key)
+                await self._drop_drain_record(managed.key)
+
+    # ---- apply -------------------------------------------------------------------------
+
+    async def _apply(
+        self, managed: ManagedPool, todo: Plan, runners: list[Runner], now: datetime
+    ) -> Applied:
+        """Run every action of the plan concurrently; one failure never blocks the others."""
+        by_id = {r.id: r for r in runners}
+        creations = await asyncio.gather(
+            *(self._create(managed) for _ in range(todo.create)),
+            return_exceptions=True,
+        )
+        others: list[Awaitable[bool]] = [
+            self._destroy(managed, d, by_id.get(d.runner_id), now) for d in todo.destroy
+        ]
+        others += [self._mark_lost(managed, claim) for claim in todo.lose]
+        others += [self._forget(managed, claim) for claim in todo.forget]
+        outcomes = await asyncio.gather(*others, return_exceptions=True)
+        for outcome in (*creations, *outcomes):
+            if isinstance(outcome, NomadError):
+                log.warning("pool %s: %s", managed.key, outcome)
+            elif isinstance(outcome, BaseException):
+                log.error("pool %s: action failed", managed.key, exc_info=outcome)
+        return Applied(
+            created=sum(1 for c in creations if c is True),
+            create_errors=sum(1 for c in creations if isinstance(c, BaseException)),
+            destroyed=sum(1 for o in outcomes[: len(todo.destroy)] if o is True),
+            errors=sum(1 for o in (*creations, *outcomes) if isinstance(o, BaseException)),
+        )
+
+    async def _create(self, managed: ManagedPool) -> bool:
+        policy = managed.policy
+        runner_id = new_runner_id(policy.job_prefix, self.rng)
+        job = runner_job(
+            managed.rendered_job,
+            runner_id,
+            policy.key,
+            policy.template_hash,
+            policy.nomad_namespace,
+        )
+        async with self._apply_slots:
+            # enforce_index=0: a retried or duplicated registration can never overwrite a job.
+            await self.client.register_job(job, enforce_index=0)
+        self.metrics.runners_created.labels(pool=policy.key).inc()
+        return True
+
+    async def _destroy(
+        self, managed: ManagedPool, destroy: Destroy, runner: Runner | None, now: datetime
+    ) -> bool:
+        """Take the runner's claim variable first, then purge its job (CONTRACT.md §5)."""
+        policy = managed.policy
+        async with self._apply_slots:
+            if destroy.claim is None:
+                allocation = runner.allocation.id if runner and runner.allocation else ""
+                tombstone = ClaimRecord(
+                    runner_id=destroy.runner_id,
+                    namespace=policy.nomad_namespace,
+                    modify_index=0,
+                    modify_time_ns=0,
+                    pool=policy.key,
+                    allocation_id=allocation,
+                    claimed_at=now,
+                    expires_at=now,
+                    inactivity_timeout_seconds=0,
+                    request_id=None,
+                    state=destroy.tombstone_state,
+                    allocation_restarts=None,
+                    extra={},
+                )
+                if not await self._write_claim(tombstone, cas=0):
+                    return False  # a client claimed it first: it stays claimed
+            elif not destroy.claim.is_tombstone:
+                ended = destroy.claim.with_state(destroy.tombstone_state)
+                if not await self._write_claim(ended, cas=destroy.claim.modify_index):
+                    return False  # a keepalive or release won; the next pass decides again
+            await self.client.purge_job(destroy.runner_id, policy.nomad_namespace)
+        self.metrics.runners_destroyed.labels(pool=policy.key, reason=destroy.reason.value).inc()
+        return True
+
+    async def _mark_lost(self, managed: ManagedPool, claim: ClaimRecord) -> bool:
+        async with self._apply_slots:
+            return await self._write_claim(
+                claim.with_state(ClaimState.LOST), cas=claim.modify_index
+            )
+
+    async def _forget(self, managed: ManagedPool, claim: ClaimRecord) -> bool:
+        async with self._apply_slots:
+            try:
+                await self.client.delete_variable(
+                    claim_path(claim.runner_id), claim.namespace, cas=claim.modify_index
+                )
+            except NomadConflict:
+                return False
+            if claim.request_id:
+                await self.client.delete_variable(request_path(claim.request_id), claim.namespace)
+        return True
+
+    async def _write_claim(self, record: ClaimRecord, *, cas: int) -> bool:
+        try:
+            stored = await self.client.put_variable(
+                claim_path(record.runner_id), record.to_items(), record.namespace, cas=cas
+            )
+        except NomadConflict:
+            return False
+        self._caches.setdefault(record.namespace, ClaimCache()).remember(
+            ClaimRecord.from_variable(stored)
+        )
+        return True

@@ -1,0 +1,277 @@
+"""Status: counts and conditions rebuilt from the classified runners on every pass.
+
+Pure. The caller writes the result only when `needs_write` says so (CONTRACT.md §4:
+when anything but lastReconcileTime changed, and at least once a minute).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from controller.engine.types import (
+    PoolMode,
+    PoolPolicy,
+    Runner,
+    RunnerState,
+    format_time,
+    parse_time,
+)
+
+STATUS_REFRESH = timedelta(seconds=60)
+SELECTOR_LABEL = "poolkeeper.dev/pool"
+
+READY = "Ready"
+PROGRESSING = "Progressing"
+DEGRADED = "Degraded"
+
+_TERMINATING_STATES = frozenset(
+    {RunnerState.TERMINATING, RunnerState.EXPIRED, RunnerState.LOST, RunnerState.FAILED}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolCounts:
+    idle: int = 0  # claimable now: current and outdated running runners
+    starting: int = 0
+    claimed: int = 0
+    outdated: int = 0
+    terminating: int = 0  # being destroyed: tombstoned, expired, lost, failed
+    total: int = 0  # every non-dead runner job of the pool
+    malformed_claims: int = 0
+
+    @property
+    def current_idle(self) -> int:
+        return self.idle - self.outdated
+
+
+def count(runners: Iterable[Runner]) -> PoolCounts:
+    idle = starting = claimed = outdated = terminating = total = malformed = 0
+    for runner in runners:
+        if not runner.job.dead:
+            total += 1
+        if runner.state is RunnerState.IDLE:
+            idle += 1
+        elif runner.state is RunnerState.OUTDATED:
+            idle += 1
+            outdated += 1
+        elif runner.state is RunnerState.STARTING:
+            starting += 1
+        elif runner.state is RunnerState.CLAIMED:
+            claimed += 1
+            malformed += runner.malformed_claim
+        elif runner.state in _TERMINATING_STATES:
+            terminating += 1
+    return PoolCounts(idle, starting, claimed, outdated, terminating, total, malformed)
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    type: str
+    status: str  # "True" | "False" | "Unknown"
+    reason: str
+    message: str
+    last_transition_time: datetime
+    observed_generation: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.type,
+            "status": self.status,
+            "reason": self.reason,
+            "message": self.message,
+            "lastTransitionTime": format_time(self.last_transition_time),
+            "observedGeneration": self.observed_generation,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Condition:
+        return cls(
+            type=str(data["type"]),
+            status=str(data["status"]),
+            reason=str(data.get("reason", "")),
+            message=str(data.get("message", "")),
+            last_transition_time=parse_time(str(data["lastTransitionTime"])),
+            observed_generation=int(data.get("observedGeneration", 0)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStatus:
+    counts: PoolCounts
+    selector: str
+    template_hash: str
+    observed_generation: int
+    last_reconcile_time: datetime
+    conditions: tuple[Condition, ...]
+
+    def condition(self, type_: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == type_), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "idleRunners": self.counts.idle,
+            "startingRunners": self.counts.starting,
+            "claimedRunners": self.counts.claimed,
+            "outdatedRunners": self.counts.outdated,
+            "totalRunners": self.counts.total,
+            "selector": self.selector,
+            "templateHash": self.template_hash,
+            "observedGeneration": self.observed_generation,
+            "lastReconcileTime": format_time(self.last_reconcile_time),
+            "conditions": [condition.to_dict() for condition in self.conditions],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PoolStatus | None:
+        """A status written earlier (a custom resource's .status), or None if unusable.
+
+        Lets a restarted operator keep condition transition times.
+        """
+        try:
+            counts = PoolCounts(
+                idle=int(data.get("idleRunners", 0)),
+                starting=int(data.get("startingRunners", 0)),
+                claimed=int(data.get("claimedRunners", 0)),
+                outdated=int(data.get("outdatedRunners", 0)),
+                total=int(data.get("totalRunners", 0)),
+            )
+            return cls(
+                counts=counts,
+                selector=str(data.get("selector", "")),
+                template_hash=str(data.get("templateHash", "")),
+                observed_generation=int(data.get("observedGeneration", 0)),
+                last_reconcile_time=parse_time(str(data["lastReconcileTime"])),
+                conditions=tuple(Condition.from_dict(c) for c in data.get("conditions", ())),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+def selector_for(policy: PoolPolicy) -> str:
+    return f"{SELECTOR_LABEL}={policy.name}"
+
+
+def compute_status(
+    policy: PoolPolicy,
+    runners: Sequence[Runner],
+    *,
+    now: datetime,
+    previous: PoolStatus | None,
+    observed_generation: int,
+    breaker_open: bool,
+    problem: tuple[str, str] | None = None,
+) -> PoolStatus:
+    counts = count(runners)
+    desired = policy.desired_idle if policy.mode is PoolMode.ACTIVE else 0
+    wanted = [
+        _ready(policy, counts, desired, problem),
+        _progressing(policy, counts, desired, problem),
+        _degraded(counts, breaker_open),
+    ]
+    conditions = tuple(
+        _condition(type_, status, reason, message, previous, now, observed_generation)
+        for type_, status, reason, message in wanted
+    )
+    return PoolStatus(
+        counts=counts,
+        selector=selector_for(policy),
+        template_hash=policy.template_hash,
+        observed_generation=observed_generation,
+        last_reconcile_time=now,
+        conditions=conditions,
+    )
+
+
+_Wanted = tuple[str, str, str, str]
+
+
+def _ready(
+    policy: PoolPolicy, counts: PoolCounts, desired: int, problem: tuple[str, str] | None
+) -> _Wanted:
+    if problem is not None:
+        return (READY, "False", problem[0], problem[1])
+    if policy.mode is PoolMode.DRAIN:
+        return (READY, "False", "Draining", "the pool was removed; its runners are drained")
+    if policy.mode is PoolMode.DELETE:
+        return (READY, "False", "Deleting", "the pool was removed; its runners are deleted")
+    message = f"{counts.idle} of {desired} idle runners"
+    if counts.idle >= desired:
+        return (READY, "True", "IdleRunnersAvailable", message)
+    return (READY, "False", "InsufficientIdleRunners", message)
+
+
+def _progressing(
+    policy: PoolPolicy, counts: PoolCounts, desired: int, problem: tuple[str, str] | None
+) -> _Wanted:
+    if problem is not None:
+        return (PROGRESSING, "False", problem[0], "not reconciled: " + problem[1])
+    if policy.mode is not PoolMode.ACTIVE:
+        busy = counts.total > 0
+        return (
+            PROGRESSING,
+            "True" if busy else "False",
+            "Draining" if busy else "Drained",
+            f"{counts.total} runner jobs left",
+        )
+    if counts.outdated:
+        return (
+            PROGRESSING,
+            "True",
+            "RollingUpdate",
+            f"replacing {counts.outdated} idle runners of an older template",
+        )
+    if counts.starting:
+        return (PROGRESSING, "True", "CreatingRunners", f"{counts.starting} runners starting")
+    if counts.idle < desired:
+        return (PROGRESSING, "True", "ScalingUp", f"{counts.idle} of {desired} idle runners")
+    if counts.idle > desired:
+        return (PROGRESSING, "True", "ScalingDown", f"{counts.idle} of {desired} idle runners")
+    return (PROGRESSING, "False", "Stable", f"{counts.idle} of {desired} idle runners")
+
+
+def _degraded(counts: PoolCounts, breaker_open: bool) -> _Wanted:
+    malformed = (
+        f"{counts.malformed_claims} runners hold unreadable claim variables"
+        if counts.malformed_claims
+        else ""
+    )
+    if breaker_open:
+        message = "runner creation paused after repeated failures"
+        return (DEGRADED, "True", "CircuitOpen", "; ".join(filter(None, [message, malformed])))
+    if malformed:
+        return (DEGRADED, "True", "MalformedClaims", malformed)
+    return (DEGRADED, "False", "AsExpected", "")
+
+
+def _condition(
+    type_: str,
+    status: str,
+    reason: str,
+    message: str,
+    previous: PoolStatus | None,
+    now: datetime,
+    observed_generation: int,
+) -> Condition:
+    before = previous.condition(type_) if previous is not None else None
+    # metav1.Condition: the transition time moves only when the status flips.
+    since = before.last_transition_time if before is not None and before.status == status else now
+    return Condition(type_, status, reason, message, since, observed_generation)
+
+
+def status_changed(old: PoolStatus | None, new: PoolStatus) -> bool:
+    """Whether anything written but lastReconcileTime differs."""
+    if old is None:
+        return True
+    before, after = old.to_dict(), new.to_dict()
+    del before["lastReconcileTime"], after["lastReconcileTime"]
+    return before != after
+
+
+def needs_write(old: PoolStatus | None, new: PoolStatus, now: datetime) -> bool:
+    """Write when something changed, or when the last written status is a minute old."""
+    if old is None or status_changed(old, new):
+        return True
+    return now - old.last_reconcile_time >= STATUS_REFRESH

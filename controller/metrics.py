@@ -1,0 +1,83 @@
+"""Prometheus collectors of CONTRACT.md section 7.
+
+Each controller owns its own registry, so several controllers (tests, the demo) can live
+in one process without colliding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+RUNNER_STATES = ("idle", "starting", "claimed", "outdated", "terminating")
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.runners = Gauge(
+            "poolkeeper_runners", "Runners by pool and state", ["pool", "state"], registry=r
+        )
+        self.desired_idle = Gauge(
+            "poolkeeper_desired_idle_runners", "Desired idle runners", ["pool"], registry=r
+        )
+        self.reconcile_duration = Histogram(
+            "poolkeeper_reconcile_duration_seconds",
+            "Duration of one reconcile pass over a Nomad namespace",
+            registry=r,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.reconcile_total = Counter(
+            "poolkeeper_reconcile", "Reconciles by pool and result", ["pool", "result"], registry=r
+        )
+        self.claims_total = Counter(
+            "poolkeeper_claims", "Claim requests by pool and result", ["pool", "result"], registry=r
+        )
+        self.claim_duration = Histogram(
+            "poolkeeper_claim_duration_seconds",
+            "Duration of a claim request",
+            registry=r,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30),
+        )
+        self.runners_created = Counter(
+            "poolkeeper_runners_created", "Runner jobs registered", ["pool"], registry=r
+        )
+        self.runners_destroyed = Counter(
+            "poolkeeper_runners_destroyed",
+            "Runner jobs destroyed by reason",
+            ["pool", "reason"],
+            registry=r,
+        )
+        self.nomad_requests = Counter(
+            "poolkeeper_nomad_requests",
+            "Nomad API requests by templated endpoint and status code",
+            ["endpoint", "code"],
+            registry=r,
+        )
+        self.event_stream_up = Gauge(
+            "poolkeeper_event_stream_up",
+            "1 while the Nomad event stream of a namespace is connected",
+            ["namespace"],
+            registry=r,
+        )
+
+    def observe_nomad_request(self, endpoint: str, code: str) -> None:
+        self.nomad_requests.labels(endpoint=endpoint, code=code).inc()
+
+    def set_runner_counts(self, pool: str, counts: dict[str, int], desired_idle: int) -> None:
+        for state in RUNNER_STATES:
+            self.runners.labels(pool=pool, state=state).set(counts.get(state, 0))
+        self.desired_idle.labels(pool=pool).set(desired_idle)
+
+    def forget_pool(self, pool: str) -> None:
+        """Drop a removed pool's series so dashboards stop showing it."""
+        for state in RUNNER_STATES:
+            with contextlib.suppress(KeyError):
+                self.runners.remove(pool, state)
+        with contextlib.suppress(KeyError):
+            self.desired_idle.remove(pool)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

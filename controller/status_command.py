@@ -1,0 +1,130 @@
+"""`poolkeeper status`: a table of a running controller's pools and live claims."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from controller.cli import EXIT_FAILURE, EXIT_OK, UsageError
+
+WATCH_SECONDS = 2.0
+
+
+class StatusError(Exception):
+    pass
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    if args.token_file:
+        try:
+            return Path(args.token_file).read_text().strip().splitlines()[0].strip()
+        except (OSError, IndexError):
+            raise UsageError(f"--token-file {args.token_file}: cannot read a token") from None
+    return os.environ.get("POOLKEEPER_TOKEN") or None
+
+
+def fetch(url: str, token: str | None) -> Any:
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        try:
+            message = json.loads(error.read())["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = error.reason
+        raise StatusError(f"{url}: {error.code} {message}") from None
+    except (urllib.error.URLError, OSError) as error:
+        raise StatusError(f"{url}: {getattr(error, 'reason', error)}") from None
+
+
+def _condition(status: dict[str, Any], kind: str) -> str:
+    for condition in status.get("conditions", []):
+        if condition.get("type") == kind:
+            reason = condition.get("reason", "")
+            return (
+                f"{condition.get('status')} ({reason})" if reason else str(condition.get("status"))
+            )
+    return "-"
+
+
+def render(base_url: str, token: str | None) -> Group:
+    pools = fetch(f"{base_url}/v1/pools", token)["pools"]
+    table = Table(title="poolkeeper pools")
+    for column in (
+        "pool",
+        "desired",
+        "idle",
+        "starting",
+        "claimed",
+        "outdated",
+        "total",
+        "max",
+        "ready",
+        "degraded",
+    ):
+        table.add_column(
+            column, justify="left" if column in ("pool", "ready", "degraded") else "right"
+        )
+    claims = Table(title="live claims")
+    for column in ("runner", "pool", "node", "claimed at", "expires at", "request"):
+        claims.add_column(column)
+    for pool in pools:
+        status = pool.get("status", {})
+        key = f"{pool['namespace']}/{pool['name']}"
+        table.add_row(
+            key,
+            str(pool["spec"]["idleRunners"]),
+            *(
+                str(status.get(field, "-"))
+                for field in (
+                    "idleRunners",
+                    "startingRunners",
+                    "claimedRunners",
+                    "outdatedRunners",
+                    "totalRunners",
+                )
+            ),
+            str(pool["spec"]["maxRunners"]),
+            _condition(status, "Ready"),
+            _condition(status, "Degraded"),
+        )
+        for claim in fetch(f"{base_url}/v1/pools/{key}/claims", token)["claims"]:
+            claims.add_row(
+                claim["runnerId"],
+                key,
+                claim["nodeName"],
+                claim["claimedAt"],
+                claim["expiresAt"],
+                claim.get("requestId") or "",
+            )
+    return Group(table, claims)
+
+
+def main(args: argparse.Namespace) -> int:
+    token = _token(args)
+    base_url = args.url.rstrip("/")
+    console = Console()
+    try:
+        if not args.watch:
+            console.print(render(base_url, token))
+            return EXIT_OK
+        with Live(render(base_url, token), console=console, refresh_per_second=1) as live:
+            while True:
+                time.sleep(WATCH_SECONDS)
+                live.update(render(base_url, token))
+    except StatusError as error:
+        console.print(f"poolkeeper status: {error}", style="red")
+        return EXIT_FAILURE

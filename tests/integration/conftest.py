@@ -1,0 +1,172 @@
+"""Fixtures: the Nomad simulator on a free port and standalone controllers in-process."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from controller.engine.types import RunnerState
+from controller.invariants import NomadJob, PoolSnapshot, check_invariants
+from controller.nomad.config import NomadConfig
+from controller.nomad.jobs import META_POOL
+from controller.simulator import SimServer, Simulator, start_sim
+from controller.standalone import Controller, Settings
+
+TOKEN = "test-api-token"
+
+
+def pool_doc(name: str, idle: int = 3, max_runners: int = 10, **spec: Any) -> dict[str, Any]:
+    runner = spec.pop("runner", {"image": "python:3.12-slim"})
+    return {
+        "apiVersion": "poolkeeper.dev/v1alpha1",
+        "kind": "RunnerPool",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"idleRunners": idle, "maxRunners": max_runners, "runner": runner, **spec},
+    }
+
+
+def write_pools(path: Path, *documents: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump_all(list(documents), sort_keys=False))
+    return path
+
+
+async def wait_until(
+    check: Callable[[], Awaitable[bool]], *, within: float = 15.0, what: str = "condition"
+) -> None:
+    """Liveness bound for tests: generous, since CI machines are shared and slow."""
+    deadline = time.monotonic() + within
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within} s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[Simulator]:
+    yield Simulator(seed=1, start_delay=0.05)
+
+
+@pytest.fixture
+async def sim_server(sim: Simulator) -> AsyncIterator[SimServer]:
+    server = await start_sim(sim, host="127.0.0.1", port=0)
+    yield server
+    await server.stop()
+
+
+class Harness:
+    """A controller under test plus the simulator it runs against."""
+
+    def __init__(self, sim: Simulator, server: SimServer, tmp_path: Path) -> None:
+        self.sim = sim
+        self.server = server
+        self.tmp_path = tmp_path
+        self.controllers: list[Controller] = []
+        self.http: aiohttp.ClientSession | None = None
+
+    async def start(
+        self,
+        pools_file: Path,
+        *,
+        resync_seconds: float = 1.0,
+        reconcile: bool = True,
+        prune: bool = False,
+    ) -> Controller:
+        tokens = self.tmp_path / "tokens"
+        tokens.write_text(TOKEN + "\n")
+        settings = Settings(
+            pools_path=pools_file,
+            listen=("127.0.0.1", 0),
+            resync_seconds=resync_seconds,
+            token_file=tokens,
+            reconcile=reconcile,
+            prune=prune,
+        )
+        controller = Controller(settings, NomadConfig.from_env({"NOMAD_ADDR": self.server.url}))
+        await controller.start()
+        self.controllers.append(controller)
+        return controller
+
+    async def stop(self, controller: Controller) -> None:
+        self.controllers.remove(controller)
+        await controller.stop()
+
+    async def api(
+        self,
+        controller: Controller,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        token: str | None = TOKEN,
+    ) -> tuple[int, Any]:
+        if self.http is None:
+            self.http = aiohttp.ClientSession()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with self.http.request(
+            method, controller.url + path, json=body, headers=headers
+        ) as response:
+            text = await response.text()
+            try:
+                payload = await response.json(content_type=None) if text else None
+            except ValueError:
+                payload = text
+            return response.status, payload
+
+    async def jobs(self, controller: Controller) -> list[dict[str, Any]]:
+        return await controller.client.list_jobs("default")
+
+    async def violations(self, controller: Controller) -> list[str]:
+        engine = controller.engine
+        for namespace in engine.namespaces():
+            await engine.reconcile_namespace(namespace)
+        pools = [
+            PoolSnapshot(
+                key=m.key,
+                desired_idle=m.policy.desired_idle,
+                max_runners=m.policy.max_runners,
+                idle=sum(r.state in (RunnerState.IDLE, RunnerState.OUTDATED) for r in m.runners),
+                total=len(m.runners),
+                runner_ids=frozenset(r.id for r in m.runners),
+            )
+            for m in engine.pools.values()
+            if m.problem is None
+        ]
+        jobs = [
+            NomadJob(s["ID"], s["Meta"][META_POOL], s.get("Status") != "dead" and not s.get("Stop"))
+            for s in await self.jobs(controller)
+            if (s.get("Meta") or {}).get(META_POOL)
+        ]
+        return check_invariants(pools, jobs)
+
+    async def settled(self, controller: Controller, *, within: float = 15.0) -> None:
+        last: list[str] = []
+
+        async def check() -> bool:
+            nonlocal last
+            last = await self.violations(controller)
+            return not last
+
+        try:
+            await wait_until(check, within=within, what="the pools to settle")
+        except AssertionError:
+            raise AssertionError(f"pools did not settle: {last}") from None
+
+    async def close(self) -> None:
+        for controller in list(self.controllers):
+            await self.stop(controller)
+        if self.http is not None:
+            await self.http.close()
+
+
+@pytest.fixture
+async def harness(sim: Simulator, sim_server: SimServer, tmp_path: Path) -> AsyncIterator[Harness]:
+    h = Harness(sim, sim_server, tmp_path)
+    yield h
+    await h.close()

@@ -1,0 +1,212 @@
+"""The standalone controller against the simulator: filling, scaling, rollouts, pool files,
+prefix conflicts and deletion policies."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.engine.types import RunnerState
+from controller.nomad.jobs import META_POOL, META_TEMPLATE
+
+from .conftest import Harness, pool_doc, wait_until, write_pools
+
+
+async def test_pool_fills_to_its_idle_count_without_over_creation(harness: Harness, tmp_path):
+    pools = write_pools(tmp_path / "pools.yaml", pool_doc("py", idle=4), pool_doc("js", idle=2))
+    controller = await harness.start(pools)
+    await harness.settled(controller)
+    jobs = await harness.jobs(controller)
+    assert sorted(j["Meta"][META_POOL] for j in jobs) == ["default/js"] * 2 + ["default/py"] * 4
+    # Every registration created a runner that was needed: nothing was created twice.
+    assert harness.sim.registrations() == 6
+    ready = {m.key: m.status.to_dict() for m in controller.engine.pools.values() if m.status}
+    assert ready["default/py"]["idleRunners"] == 4
+    status, body = await harness.api(controller, "GET", "/readyz", token=None)
+    assert status == 200, body
+
+
+async def test_scale_up_and_down_follow_a_reload(harness: Harness, tmp_path):
+    pools = write_pools(tmp_path / "pools.yaml", pool_doc("py", idle=3))
+    controller = await harness.start(pools)
+    await harness.settled(controller)
+    write_pools(pools, pool_doc("py", idle=6))
+    controller.load_pools()
+    await harness.settled(controller)
+    assert len(await harness.jobs(controller)) == 6
+    write_pools(pools, pool_doc("py", idle=1))
+    controller.load_pools()
+    await harness.settled(controller)
+    live = [j for j in await harness.jobs(controller) if j["Status"] != "dead"]
+    assert len(live) == 1
+
+
+async def test_template_change_rolls_idle_runners_over(harness: Harness, tmp_path):
+    pools = write_pools(tmp_path / "pools.yaml", pool_doc("py", idle=3))
+    controller = await harness.start(pools)
+    await harness.settled(controller)
+    old = {j["Meta"][META_TEMPLATE] for j in await harness.jobs(controller)}
+    write_pools(pools, pool_doc("py", idle=3, runner={"image": "python:3.13-slim"}))
+    controller.load_pools()
+    managed = controller.engine.pools["default/py"]
+
+    async def rolled() -> bool:
+        await controller.engine.reconcile_namespace("default")
+        idle = [r for r in managed.runners if r.state is RunnerState.IDLE]
+        outdated = [r for r in managed.runners if r.state is RunnerState.OUTDATED]
+        # Claimable runners never drop below the desired count during the rollout.
+        assert len(idle) + len(outdated) >= 3 or any(
+            r.state is RunnerState.STARTING for r in managed.runners
+        )
+        return len(idle) == 3 and not outdated
+
+    await wait_until(rolled, what="the rollout")
+    await harness.settled(controller)
+    new = {
+        j["Meta"][META_TEMPLATE] for j in await harness.jobs(controller) if j["Status"] != "dead"
+    }
+    assert new.isdisjoint(old)
+
+
+async def test_invalid_document_is_skipped_and_valid_pools_run(harness: Harness, tmp_path, caplog):
+    folder = tmp_path / "pools"
+    folder.mkdir()
+    write_pools(folder / "a.yaml", pool_doc("good", idle=2))
+    bad = pool_doc("bad", idle=2)
+    del bad["spec"]["runner"]["image"]
+    write_pools(folder / "b.yaml", pool_doc("fine", idle=1), bad)
+    controller = await harness.start(folder)
+    await harness.settled(controller)
+    assert set(controller.engine.pools) == {"default/good", "default/fine"}
+    assert any(
+        "b.yaml" in r.message and "document 1" in r.message and "spec.runner.image" in r.message
+        for r in caplog.records
+    )
+
+
+async def test_invalid_reload_keeps_the_last_valid_version(harness: Harness, tmp_path):
+    pools = write_pools(tmp_path / "pools.yaml", pool_doc("py", idle=2))
+    controller = await harness.start(pools)
+    await harness.settled(controller)
+    broken = pool_doc("py", idle=-1)
+    write_pools(pools, broken)
+    controller.load_pools()
+    assert controller.engine.pools["default/py"].policy.desired_idle == 2
+    pools.write_text("{not yaml: [")
+    controller.load_pools()
+    assert "default/py" in controller.engine.pools
+    await harness.settled(controller)
+
+
+async def test_second_pool_with_the_same_prefix_is_refused(harness: Harness, tmp_path):
+    pools = write_pools(
+        tmp_path / "pools.yaml",
+        pool_doc("first", idle=2, nomad={"jobPrefix": "shared-"}),
+        pool_doc("second", idle=2, nomad={"jobPrefix": "shared-"}),
+    )
+    controller = await harness.start(pools)
+    await harness.settled(controller)
+    second = controller.engine.pools["default/second"]
+    assert second.status is not None
+    ready = next(c for c in second.status.to_dict()["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "PrefixConflict")
+    assert {j["Meta"][META_POOL] for j in await harness.jobs(controller)} == {"default/first"}
+    # Readiness does not wait for a conflicting pool.
+    status, _ = await harness.api(controller, "GET", "/readyz", token=None)
+    assert status == 200
+
+
+@pytest.mark.parametrize(("policy", "left"), [("Delete", 0), ("Orphan", 2), ("Drain", 0)])
+async def test_removed_pool_follows_its_deletion_policy(harness: Harness, tmp_path, policy, left):
+    pools = write_pools(
+        tmp_path / "pools.yaml",
+        pool_doc("keep", idle=1),
+        pool_doc("gone", idle=2, deletionPolicy=policy),
+    )
+    controller = await harness.start(pools)
+    await harness.settled(controller)
+    write_pools(pools, pool_doc("keep", idle=1))
+    controller.load_pools()
+
+    async def done() -> bool:
+        await controller.engine.reconcile_namespace("default")
+        managed = controller.engine.pools.get("default/gone")
+        gone = [
+            j
+            for j in await harness.jobs(controller)
+            if j["Meta"][META_POOL] == "default/gone" and j["Status"] != "dead"
+        ]
+        return bool(len(gone) == left and (managed is None or managed.runners == ()))
+
+    await wait_until(done, what=f"{policy} to finish")
+    if policy == "Orphan":
+        assert "default/gone" not in controller.engine.pools
+    else:  # kept, unclaimable, until its tombstones are forgotten
+        assert controller.engine.pools["default/gone"].runners == ()
+        status, body = await harness.api(controller, "POST", "/v1/pools/default/gone/claims", {})
+        assert (status, body["error"]["code"]) == (404, "PoolNotFound")
+    status, listing = await harness.api(controller, "GET", "/v1/pools")
+    assert [p["name"] for p in listing["pools"]] == ["keep"]
+
+
+async def test_drain_waits_for_claimed_runners_and_resumes_after_restart(
+    harness: Harness, tmp_path
+):
+    pools = write_pools(
+        tmp_path / "pools.yaml",
+        pool_doc("keep", idle=1),
+        pool_doc("gone", idle=2, deletionPolicy="Drain", drainTimeoutSeconds=3600),
+    )
+    controller = await harness.start(pools)
+    await harness.settled(controller)
+    status, claim = await harness.api(controller, "POST", "/v1/pools/default/gone/claims", {})
+    assert status == 201, claim
+    write_pools(pools, pool_doc("keep", idle=1))
+    controller.load_pools()
+
+    async def only_claimed_left() -> bool:
+        await controller.engine.reconcile_namespace("default")
+        gone = [
+            j["ID"]
+            for j in await harness.jobs(controller)
+            if j["Meta"][META_POOL] == "default/gone" and j["Status"] != "dead"
+        ]
+        return gone == [claim["runnerId"]]
+
+    await wait_until(only_claimed_left, what="idle runners drained")
+    # A restarted controller resumes the drain from its record in Nomad.
+    await harness.stop(controller)
+    restarted = await harness.start(pools)
+    assert "default/gone" in restarted.engine.pools
+    status, _ = await harness.api(restarted, "DELETE", f"/v1/runners/{claim['runnerId']}")
+    assert status == 204
+
+    async def drained() -> bool:
+        await restarted.engine.reconcile_namespace("default")
+        return restarted.engine.pools["default/gone"].runners == ()
+
+    await wait_until(drained, what="the drain to finish")
+
+
+async def test_orphans_are_left_alone_unless_pruned(harness: Harness, tmp_path):
+    pools = write_pools(tmp_path / "pools.yaml", pool_doc("keep", idle=1), pool_doc("old", idle=2))
+    controller = await harness.start(pools)
+    await harness.settled(controller)
+    await harness.stop(controller)
+    write_pools(pools, pool_doc("keep", idle=1))
+    # Without --prune the runners of the pool that vanished while we were down stay.
+    survivor = await harness.start(pools)
+    await harness.settled(survivor)
+    old = [j for j in await harness.jobs(survivor) if j["Meta"][META_POOL] == "default/old"]
+    assert len([j for j in old if j["Status"] != "dead"]) == 2
+    await harness.stop(survivor)
+    pruner = await harness.start(pools, prune=True)
+
+    async def pruned() -> bool:
+        await pruner.engine.reconcile_namespace("default")
+        return not [
+            j
+            for j in await harness.jobs(pruner)
+            if j["Meta"][META_POOL] == "default/old" and j["Status"] != "dead"
+        ]
+
+    await wait_until(pruned, what="orphans pruned")

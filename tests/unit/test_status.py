@@ -1,0 +1,236 @@
+"""Status: counts, conditions and when to write."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime, timedelta
+
+import pytest
+
+from controller.engine.classify import classify
+from controller.engine.status import (
+    PoolStatus,
+    compute_status,
+    count,
+    needs_write,
+    status_changed,
+)
+from controller.engine.types import ClaimState, PoolMode, PoolPolicy, Runner
+from tests.unit.test_classify import NOW, POLICY, alloc, claim, job, observe, rid
+
+LATER = NOW + timedelta(seconds=30)
+
+
+def runners_of(
+    idle: int = 0,
+    outdated: int = 0,
+    starting: int = 0,
+    claimed: int = 0,
+    tombstones: int = 0,
+    malformed: int = 0,
+    dead: int = 0,
+) -> list[Runner]:
+    jobs, allocs, claims, bad = [], [], [], []
+    n = 0
+
+    def take() -> int:
+        nonlocal n
+        n += 1
+        return n
+
+    for _ in range(idle):
+        i = take()
+        jobs.append(job(i))
+        allocs.append(alloc(i, f"a{i}"))
+    for _ in range(outdated):
+        i = take()
+        jobs.append(job(i, template="t0"))
+        allocs.append(alloc(i, f"a{i}"))
+    for _ in range(starting):
+        i = take()
+        jobs.append(job(i, status="pending", submitted=NOW - timedelta(seconds=5)))
+    for _ in range(claimed):
+        i = take()
+        jobs.append(job(i))
+        allocs.append(alloc(i, f"a{i}"))
+        claims.append(claim(i, f"a{i}"))
+    for _ in range(tombstones):
+        i = take()
+        jobs.append(job(i, stop=True))
+        claims.append(claim(i, f"a{i}", state=ClaimState.RELEASED))
+    for _ in range(malformed):
+        i = take()
+        jobs.append(job(i))
+        allocs.append(alloc(i, f"a{i}"))
+        bad.append(rid(i))
+    for _ in range(dead):
+        i = take()
+        jobs.append(job(i, status="dead", stop=True))
+        claims.append(claim(i, f"a{i}", state=ClaimState.RETIRED))
+    return classify(POLICY, observe(jobs, allocs, claims, bad), NOW)
+
+
+def status(
+    runners: list[Runner],
+    *,
+    policy: PoolPolicy = POLICY,
+    previous: PoolStatus | None = None,
+    breaker_open: bool = False,
+    problem: tuple[str, str] | None = None,
+    now: datetime | None = None,
+) -> PoolStatus:
+    return compute_status(
+        policy,
+        runners,
+        now=LATER if now is None else now,
+        previous=previous,
+        observed_generation=7,
+        breaker_open=breaker_open,
+        problem=problem,
+    )
+
+
+def conditions(s: PoolStatus) -> dict[str, tuple[str, str]]:
+    return {c.type: (c.status, c.reason) for c in s.conditions}
+
+
+def test_counts() -> None:
+    counts = count(
+        runners_of(idle=2, outdated=1, starting=3, claimed=1, tombstones=1, malformed=1, dead=1)
+    )
+    assert counts.idle == 3  # claimable: current and outdated
+    assert counts.current_idle == 2
+    assert (counts.outdated, counts.starting) == (1, 3)
+    assert counts.claimed == 2  # a malformed claim still holds its runner
+    assert counts.terminating == 2
+    assert counts.total == 9  # the dead job is not counted
+    assert counts.malformed_claims == 1
+
+
+def test_to_dict_has_the_contract_fields() -> None:
+    s = status(runners_of(idle=3, outdated=1, claimed=1))
+    d = s.to_dict()
+    assert d["idleRunners"] == 4 and d["outdatedRunners"] == 1 and d["claimedRunners"] == 1
+    assert d["startingRunners"] == 0 and d["totalRunners"] == 5
+    assert d["selector"] == "poolkeeper.dev/pool=python"
+    assert d["templateHash"] == "t1" and d["observedGeneration"] == 7
+    assert d["lastReconcileTime"] == "2026-11-30T09:00:30Z"
+    ready = next(c for c in d["conditions"] if c["type"] == "Ready")
+    assert set(ready) == {
+        "type",
+        "status",
+        "reason",
+        "message",
+        "lastTransitionTime",
+        "observedGeneration",
+    }
+    assert {c["type"] for c in d["conditions"]} == {"Ready", "Progressing", "Degraded"}
+    assert PoolStatus.from_dict(d) is not None
+    assert PoolStatus.from_dict(d).to_dict() == d  # type: ignore[union-attr]
+    assert PoolStatus.from_dict({"idleRunners": "x"}) is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "runners", "expected"),
+    [
+        (
+            {},
+            {"idle": 3},
+            {
+                "Ready": ("True", "IdleRunnersAvailable"),
+                "Progressing": ("False", "Stable"),
+                "Degraded": ("False", "AsExpected"),
+            },
+        ),
+        (
+            {},
+            {"idle": 1, "starting": 2},
+            {
+                "Ready": ("False", "InsufficientIdleRunners"),
+                "Progressing": ("True", "CreatingRunners"),
+            },
+        ),
+        ({}, {"idle": 1}, {"Progressing": ("True", "ScalingUp")}),
+        (
+            {},
+            {"idle": 5},
+            {"Ready": ("True", "IdleRunnersAvailable"), "Progressing": ("True", "ScalingDown")},
+        ),
+        (
+            {},
+            {"idle": 2, "outdated": 1},
+            {"Ready": ("True", "IdleRunnersAvailable"), "Progressing": ("True", "RollingUpdate")},
+        ),
+        ({"breaker_open": True}, {"idle": 3}, {"Degraded": ("True", "CircuitOpen")}),
+        ({}, {"idle": 3, "malformed": 1}, {"Degraded": ("True", "MalformedClaims")}),
+        (
+            {"problem": ("PrefixConflict", "prefix python- is used by default/other")},
+            {},
+            {"Ready": ("False", "PrefixConflict"), "Progressing": ("False", "PrefixConflict")},
+        ),
+        (
+            {"problem": ("InvalidSpec", "bad jobTemplate")},
+            {"idle": 3},
+            {"Ready": ("False", "InvalidSpec")},
+        ),
+        (
+            {"policy": dataclasses.replace(POLICY, mode=PoolMode.DRAIN)},
+            {"claimed": 1},
+            {"Ready": ("False", "Draining"), "Progressing": ("True", "Draining")},
+        ),
+        (
+            {"policy": dataclasses.replace(POLICY, mode=PoolMode.DELETE)},
+            {},
+            {"Ready": ("False", "Deleting"), "Progressing": ("False", "Drained")},
+        ),
+    ],
+)
+def test_conditions(
+    kwargs: dict[str, object], runners: dict[str, int], expected: dict[str, tuple[str, str]]
+) -> None:
+    got = conditions(status(runners_of(**runners), **kwargs))  # type: ignore[arg-type]
+    assert {k: got[k] for k in expected} == expected
+
+
+def test_degraded_message_names_both_problems() -> None:
+    s = status(runners_of(idle=3, malformed=2), breaker_open=True)
+    degraded = next(c for c in s.conditions if c.type == "Degraded")
+    assert "paused" in degraded.message and "2 runners" in degraded.message
+
+
+def test_transition_time_moves_only_when_status_flips() -> None:
+    first = status(runners_of(idle=1), now=NOW)
+    same = status(runners_of(idle=2), previous=first, now=LATER)
+    flipped = status(runners_of(idle=3), previous=same, now=LATER + timedelta(seconds=5))
+
+    def since(s: PoolStatus, type_: str) -> datetime:
+        return next(c.last_transition_time for c in s.conditions if c.type == type_)
+
+    assert since(first, "Ready") == NOW
+    assert since(same, "Ready") == NOW  # still False, message changed
+    assert since(flipped, "Ready") == LATER + timedelta(seconds=5)
+    assert since(flipped, "Degraded") == NOW  # never flipped
+
+
+def test_status_changed_ignores_only_reconcile_time() -> None:
+    a = status(runners_of(idle=3), now=NOW)
+    b = status(runners_of(idle=3), previous=a, now=LATER)
+    assert not status_changed(a, b)
+    assert status_changed(None, b)
+    c = status(runners_of(idle=2), previous=a, now=LATER)
+    assert status_changed(a, c)
+    d = status(runners_of(idle=3), previous=a, now=LATER, breaker_open=True)
+    assert status_changed(a, d)
+
+
+@pytest.mark.parametrize(
+    ("elapsed", "write"),
+    [(timedelta(seconds=59), False), (timedelta(seconds=60), True), (timedelta(hours=1), True)],
+)
+def test_needs_write_at_least_once_a_minute(elapsed: timedelta, write: bool) -> None:
+    written = status(runners_of(idle=3), now=NOW)
+    fresh = status(runners_of(idle=3), previous=written, now=NOW + elapsed)
+    assert needs_write(written, fresh, NOW + elapsed) is write
+    changed = status(runners_of(idle=2), previous=written, now=NOW + timedelta(seconds=1))
+    assert needs_write(written, changed, NOW + timedelta(seconds=1))
+    assert needs_write(None, fresh, NOW)
