@@ -26,14 +26,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
-def _not_built(name: str) -> Callable[[argparse.Namespace], int]:
-    def run(_: argparse.Namespace) -> int:
-        print(f"poolkeeper {name}: not built yet", file=sys.stderr)
-        return EXIT_USAGE
-
-    return run
-
-
 def _command(module: str) -> Callable[[argparse.Namespace], int]:
     """Import a command's module only when it runs, so `--help` stays fast."""
 
@@ -92,13 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="the benchmarks")
     bench.add_argument("--quick", action="store_true")
     bench.add_argument("--json", dest="json_file")
-    bench.set_defaults(handler=_not_built("bench"))
+    bench.set_defaults(handler=_command("controller.bench"))
 
     chaos = commands.add_parser("chaos", help="the chaos soak")
     chaos.add_argument("--minutes", type=float, default=5.0)
     chaos.add_argument("--seed", type=int, default=1)
     chaos.add_argument("--json", dest="json_file")
-    chaos.set_defaults(handler=_not_built("chaos"))
+    chaos.set_defaults(handler=_command("controller.chaos"))
 
     status = commands.add_parser("status", help="a live table of a controller's pools")
     status.add_argument("--url", default="http://127.0.0.1:8080")

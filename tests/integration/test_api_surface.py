@@ -1,0 +1,82 @@
+"""Metrics, the OpenAPI document and `poolkeeper status` against a running controller."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+
+from rich.console import Console
+
+from controller import status_command
+from controller.api.openapi import document
+
+from .conftest import TOKEN, Harness, pool_doc, write_pools
+
+CONTRACT_METRICS = [
+    'poolkeeper_runners{pool="default/py",state="idle"} 2.0',
+    'poolkeeper_runners{pool="default/py",state="claimed"} 1.0',
+    'poolkeeper_desired_idle_runners{pool="default/py"} 2.0',
+    "poolkeeper_reconcile_duration_seconds_count",
+    'poolkeeper_reconcile_total{pool="default/py",result="success"}',
+    'poolkeeper_claims_total{pool="default/py",result="claimed"} 2.0',
+    "poolkeeper_claim_duration_seconds_count 2.0",
+    'poolkeeper_runners_created_total{pool="default/py"} 4.0',
+    'poolkeeper_runners_destroyed_total{pool="default/py",reason="released"}',
+    'poolkeeper_nomad_requests_total{code="200",endpoint="/v1/jobs"}',
+    'poolkeeper_nomad_requests_total{code="200",endpoint="/v1/var/:path"}',
+    'poolkeeper_event_stream_up{namespace="default"} 1.0',
+]
+
+
+async def test_metrics_carry_the_contract_series(harness: Harness, tmp_path):
+    controller = await harness.start(write_pools(tmp_path / "p.yaml", pool_doc("py", idle=2)))
+    await harness.settled(controller)
+    _, claim = await harness.api(controller, "POST", "/v1/pools/default/py/claims", {})
+    _, other = await harness.api(controller, "POST", "/v1/pools/default/py/claims", {})
+    await harness.api(controller, "DELETE", f"/v1/runners/{other['runnerId']}")
+    await harness.settled(controller)
+    status, text = await harness.api(controller, "GET", "/metrics", token=None)
+    assert status == 200
+    # Two claims, one released: two replacements on top of the initial two runners.
+    for series in CONTRACT_METRICS:
+        assert series in text, series
+    assert claim["runnerId"] in [r.id for r in controller.engine.pools["default/py"].runners]
+
+
+async def test_openapi_document_matches_the_routes(harness: Harness, tmp_path):
+    controller = await harness.start(write_pools(tmp_path / "p.yaml", pool_doc("py", idle=1)))
+    status, served = await harness.api(controller, "GET", "/openapi.json", token=None)
+    assert (status, served) == (200, document())
+    app_routes = set()
+    for resource in controller._runner.app.router.resources():  # type: ignore[union-attr]
+        path = re.sub(r"\{runner_id\}", "{runnerId}", resource.canonical)
+        for route in resource:
+            if route.method != "HEAD":
+                app_routes.add((route.method, path))
+    documented = {
+        (method.upper(), path)
+        for path, item in served["paths"].items()
+        for method in item
+        if method != "parameters"
+    }
+    assert documented == app_routes - {("GET", "/openapi.json")}
+
+
+async def test_status_command_shows_pools_and_claims(harness: Harness, tmp_path):
+    controller = await harness.start(write_pools(tmp_path / "p.yaml", pool_doc("py", idle=2)))
+    await harness.settled(controller)
+    _, claim = await harness.api(
+        controller, "POST", "/v1/pools/default/py/claims", {"requestId": "status-demo"}
+    )
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    console = Console(record=True, width=200)
+    group = await asyncio.to_thread(status_command.render, controller.url, TOKEN)
+    console.print(group)
+    text = console.export_text()
+    assert "default/py" in text and claim["runnerId"] in text and "status-demo" in text
+    args = argparse.Namespace(url=controller.url, token_file=str(token_file), watch=False)
+    assert await asyncio.to_thread(status_command.main, args) == 0
+    bad = argparse.Namespace(url=controller.url, token_file=None, watch=False)
+    assert await asyncio.to_thread(status_command.main, bad) == 1
