@@ -24,6 +24,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from controller.api.app import pool_summaries
 from controller.cli import EXIT_FAILURE, EXIT_OK
 from controller.engine.types import RunnerState
 from controller.invariants import NomadJob, PoolSnapshot, check_invariants
@@ -31,6 +32,7 @@ from controller.nomad.config import NomadConfig
 from controller.nomad.jobs import META_POOL
 from controller.simulator import SimServer, Simulator, start_sim
 from controller.standalone import Controller, Settings
+from controller.status_command import pools_table
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "pools.yaml"
 SETTLE_SECONDS = 20.0
@@ -52,41 +54,7 @@ class Story:
         self.log.append((step, outcome))
 
     def table(self) -> Group:
-        pools = Table(title="pools", expand=False)
-        for column in (
-            "pool",
-            "desired",
-            "idle",
-            "starting",
-            "claimed",
-            "outdated",
-            "total",
-            "ready",
-        ):
-            if column == "pool":
-                pools.add_column(column, no_wrap=True, min_width=28)
-            else:
-                pools.add_column(column, justify="left" if column == "ready" else "right")
-        for managed in sorted(self.controller.engine.pools.values(), key=lambda m: m.key):
-            status = managed.status.to_dict() if managed.status else {}
-            ready = next(
-                (c["status"] for c in status.get("conditions", []) if c["type"] == "Ready"), "-"
-            )
-            pools.add_row(
-                managed.key,
-                str(managed.policy.desired_idle),
-                *(
-                    str(status.get(k, "-"))
-                    for k in (
-                        "idleRunners",
-                        "startingRunners",
-                        "claimedRunners",
-                        "outdatedRunners",
-                        "totalRunners",
-                    )
-                ),
-                ready,
-            )
+        pools = pools_table(pool_summaries(self.controller.engine))
         steps = Table(title="story", show_header=False, expand=False)
         steps.add_column("step")
         steps.add_column("outcome")

@@ -50,42 +50,27 @@ def fetch(url: str, token: str | None) -> Any:
         raise StatusError(f"{url}: {getattr(error, 'reason', error)}") from None
 
 
-def _condition(status: dict[str, Any], kind: str) -> str:
+def _condition(status: dict[str, Any], kind: str, healthy: str) -> str:
+    """The condition's status, with its reason only when it is not the healthy one."""
     for condition in status.get("conditions", []):
         if condition.get("type") == kind:
-            reason = condition.get("reason", "")
-            return (
-                f"{condition.get('status')} ({reason})" if reason else str(condition.get("status"))
-            )
+            value = str(condition.get("status"))
+            return value if value == healthy else f"{value} ({condition.get('reason', '')})"
     return "-"
 
 
-def render(base_url: str, token: str | None) -> Group:
-    pools = fetch(f"{base_url}/v1/pools", token)["pools"]
+def pools_table(pools: list[dict[str, Any]]) -> Table:
+    """A row per pool, from the pool summaries of `GET /v1/pools`."""
     table = Table(title="poolkeeper pools")
-    for column in (
-        "pool",
-        "desired",
-        "idle",
-        "starting",
-        "claimed",
-        "outdated",
-        "total",
-        "max",
-        "ready",
-        "degraded",
-    ):
-        table.add_column(
-            column, justify="left" if column in ("pool", "ready", "degraded") else "right"
-        )
-    claims = Table(title="live claims")
-    for column in ("runner", "pool", "node", "claimed at", "expires at", "request"):
-        claims.add_column(column)
+    table.add_column("pool", no_wrap=True, min_width=24)
+    for column in ("desired", "idle", "starting", "claimed", "outdated", "total", "max"):
+        table.add_column(column, justify="right")
+    table.add_column("ready")
+    table.add_column("degraded")
     for pool in pools:
         status = pool.get("status", {})
-        key = f"{pool['namespace']}/{pool['name']}"
         table.add_row(
-            key,
+            f"{pool['namespace']}/{pool['name']}",
             str(pool["spec"]["idleRunners"]),
             *(
                 str(status.get(field, "-"))
@@ -98,9 +83,19 @@ def render(base_url: str, token: str | None) -> Group:
                 )
             ),
             str(pool["spec"]["maxRunners"]),
-            _condition(status, "Ready"),
-            _condition(status, "Degraded"),
+            _condition(status, "Ready", healthy="True"),
+            _condition(status, "Degraded", healthy="False"),
         )
+    return table
+
+
+def render(base_url: str, token: str | None) -> Group:
+    pools = fetch(f"{base_url}/v1/pools", token)["pools"]
+    claims = Table(title="live claims")
+    for column in ("runner", "pool", "node", "claimed at", "expires at", "request"):
+        claims.add_column(column)
+    for pool in pools:
+        key = f"{pool['namespace']}/{pool['name']}"
         for claim in fetch(f"{base_url}/v1/pools/{key}/claims", token)["claims"]:
             claims.add_row(
                 claim["runnerId"],
@@ -110,7 +105,7 @@ def render(base_url: str, token: str | None) -> Group:
                 claim["expiresAt"],
                 claim.get("requestId") or "",
             )
-    return Group(table, claims)
+    return Group(pools_table(pools), claims)
 
 
 def main(args: argparse.Namespace) -> int:

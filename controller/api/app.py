@@ -6,6 +6,7 @@ import hmac
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -122,8 +123,8 @@ async def openapi(_: web.Request) -> web.Response:
     return web.json_response(OPENAPI)
 
 
-async def list_pools(request: web.Request) -> web.Response:
-    engine = request.app[ENGINE_KEY]
+def pool_summaries(engine: Engine) -> list[dict[str, Any]]:
+    """The pools as `GET /v1/pools` shows them (also the demo's table)."""
     pools = []
     for managed in sorted(engine.pools.values(), key=lambda m: m.key):
         if managed.pool is None or managed.policy.mode is not PoolMode.ACTIVE:
@@ -140,7 +141,11 @@ async def list_pools(request: web.Request) -> web.Response:
                 "status": managed.status.to_dict() if managed.status else {},
             }
         )
-    return web.json_response({"pools": pools})
+    return pools
+
+
+async def list_pools(request: web.Request) -> web.Response:
+    return web.json_response({"pools": pool_summaries(request.app[ENGINE_KEY])})
 
 
 def create_app(
