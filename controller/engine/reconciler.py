@@ -140,6 +140,7 @@ class Engine:
         # Keys of pools defined somewhere but not valid now: never orphans, never pruned.
         self.protected: set[str] = set()
         self._drain_records: dict[str, int] = {}  # pool key -> ModifyIndex of its record
+        self._cancelled_drains: set[str] = set()
         self._reported_orphans: set[str] = set()
         self.pools: dict[str, ManagedPool] = {}
         self._order = itertools.count()
@@ -192,6 +193,9 @@ class Engine:
         if mode is None or mode is PoolMode.ACTIVE or not self.reconcile:
             del self.pools[key]
             self.metrics.forget_pool(key)
+            # Orphan after a drain began (the escape from a stuck drain): a restarted
+            # controller must not resume the drain from its record.
+            self._cancelled_drains.add(key)
         else:
             deadline = self.clock() + timedelta(seconds=drain_seconds)
             managed.policy = replace(managed.policy, mode=mode, drain_deadline=deadline)
@@ -426,6 +430,9 @@ class Engine:
             self._take_orphans(namespace, orphans)
             for managed in pools:
                 await self._sync_drain_record(managed)
+            for key in self._cancelled_drains - set(self.pools):
+                await self._drop_drain_record(key)
+            self._cancelled_drains.clear()
         outcomes = await asyncio.gather(
             *(self._reconcile_pool(m, by_pool[m.key], now, observation_started) for m in pools)
         )

@@ -260,6 +260,13 @@ class ClaimRecord:
             state = ClaimState(state_text) if state_text else ClaimState.CLAIMED
         except ValueError as error:
             raise MalformedClaim(f"claim {runner_id}: {error}") from error
+        allocation_id = items.get(_ITEM_ALLOCATION)
+        # A tombstone may name no allocation: a runner retired before it was ever placed.
+        # A live claim always names the allocation it was made on.
+        if not isinstance(allocation_id, str) or (
+            not allocation_id and state is ClaimState.CLAIMED
+        ):
+            raise MalformedClaim(f"claim {runner_id}: item {_ITEM_ALLOCATION!r} missing")
         request_id = items.get(_ITEM_REQUEST)
         return cls(
             runner_id=runner_id,
@@ -267,7 +274,7 @@ class ClaimRecord:
             modify_index=_int(var, "ModifyIndex"),
             modify_time_ns=_int(var, "ModifyTime"),
             pool=required(_ITEM_POOL),
-            allocation_id=required(_ITEM_ALLOCATION),
+            allocation_id=allocation_id,
             claimed_at=claimed_at,
             expires_at=expires_at,
             inactivity_timeout_seconds=timeout,

@@ -210,3 +210,29 @@ async def test_orphans_are_left_alone_unless_pruned(harness: Harness, tmp_path):
         ]
 
     await wait_until(pruned, what="orphans pruned")
+
+
+async def test_orphan_after_a_drain_began_cancels_the_recorded_drain(harness: Harness, tmp_path):
+    pools = write_pools(
+        tmp_path / "pools.yaml",
+        pool_doc("keep", idle=1),
+        pool_doc("gone", idle=1, deletionPolicy="Drain"),
+    )
+    controller = await harness.start(pools)
+    await harness.settled(controller)
+    status, claim = await harness.api(controller, "POST", "/v1/pools/default/gone/claims", {})
+    assert status == 201, claim
+    write_pools(pools, pool_doc("keep", idle=1))
+    controller.load_pools()
+    await controller.engine.reconcile_namespace("default")
+    assert any(path.startswith("poolkeeper/pools/") for path in harness.sim.variables("default"))
+    # The operator's escape from a stuck drain: the policy becomes Orphan.
+    controller.engine.remove_pool("default/gone", None)
+    await controller.engine.reconcile_namespace("default")
+    assert not any(
+        path.startswith("poolkeeper/pools/") for path in harness.sim.variables("default")
+    )
+    await harness.stop(controller)
+    restarted = await harness.start(pools)
+    assert "default/gone" not in restarted.engine.pools
+    assert claim["runnerId"] in {j["ID"] for j in await harness.jobs(restarted)}

@@ -560,6 +560,15 @@ def test_claim_missing_required_item_is_malformed(missing: str) -> None:
         ClaimRecord.from_variable(variable(items))
 
 
+def test_a_tombstone_may_name_no_allocation_but_a_live_claim_must() -> None:
+    # A runner retired before it was ever placed has no allocation to name.
+    retired = ClaimRecord.from_variable(variable({**ITEMS, "allocationId": "", "state": "retired"}))
+    assert retired.is_tombstone and retired.allocation_id == ""
+    assert ClaimRecord.from_variable(variable(retired.to_items())) == retired
+    with pytest.raises(MalformedClaim):
+        ClaimRecord.from_variable(variable({**ITEMS, "allocationId": ""}))
+
+
 @pytest.mark.parametrize(
     ("key", "value"),
     [
