@@ -1,0 +1,287 @@
+"""End to end: real kopf against the fake API server, the simulator as Nomad."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.operator.conftest import Cluster, Replica, pool_doc, wait_until
+
+
+async def test_pool_follows_its_resource(cluster: Cluster) -> None:
+    replica = await cluster.start_operator("--namespace", "default")
+    created = await cluster.create_pool(pool_doc("py", idle=2))
+    await wait_until(lambda: len(cluster.jobs("py")) == 2, what="2 runner jobs")
+
+    def ready_with(idle: int) -> bool:
+        pool = cluster.pool("py") or {}
+        status = pool.get("status") or {}
+        ready = cluster.condition("py", "Ready") or {}
+        return (
+            ready.get("status") == "True"
+            and status.get("idleRunners") == idle
+            and status.get("observedGeneration") == pool["metadata"]["generation"]
+        )
+
+    await wait_until(lambda: ready_with(2), what="Ready=True with 2 idle")
+    status = (cluster.pool("py") or {})["status"]
+    assert status["totalRunners"] == 2
+    assert status["selector"] == "poolkeeper.dev/pool=py"
+    assert await cluster.ready(replica) == 200
+    # The operator never writes the spec (GitOps: nothing to fight over).
+    assert (cluster.pool("py") or {})["spec"] == created["spec"]
+
+    code, _ = await cluster.patch_pool("py", {"spec": {"idleRunners": 4}})
+    assert code == 200
+    await wait_until(lambda: ready_with(4), what="4 idle after patching spec.idleRunners")
+    assert len(cluster.jobs("py")) == 4
+
+    code, scale = await cluster.patch_pool("py", {"spec": {"replicas": 1}}, sub="scale")
+    assert code == 200 and scale["spec"]["replicas"] == 1
+    await wait_until(lambda: ready_with(1), what="1 idle after scaling")
+    await wait_until(lambda: len(cluster.jobs("py")) == 1, what="surplus runners destroyed")
+    assert (cluster.pool("py") or {})["metadata"]["generation"] == 3
+
+
+async def test_invalid_spec_is_reported_and_nothing_runs(cluster: Cluster) -> None:
+    await cluster.start_operator("--namespace", "default")
+    # jobTemplate is opaque to the CRD: the controller refuses the reserved ID key.
+    doc = pool_doc("bad", idle=2, nomad={"jobTemplate": {"ID": "mine"}})
+    await cluster.create_pool(doc)
+
+    def invalid() -> bool:
+        ready = cluster.condition("bad", "Ready") or {}
+        return ready.get("status") == "False" and ready.get("reason") == "InvalidSpec"
+
+    await wait_until(invalid, what="Ready=False InvalidSpec")
+    assert "jobTemplate" in (cluster.condition("bad", "Ready") or {})["message"]
+    await wait_until(lambda: bool(cluster.events("InvalidSpec")), what="an InvalidSpec Event")
+    assert cluster.events("InvalidSpec")[0]["type"] == "Warning"
+    assert cluster.jobs("bad", live_only=False) == []
+
+    # Fixing the spec makes the pool run.
+    code, _ = await cluster.patch_pool("bad", {"spec": {"nomad": {"jobTemplate": None}}})
+    assert code == 200
+    await wait_until(lambda: len(cluster.jobs("bad")) == 2, what="runners once the spec is valid")
+
+
+async def claim(cluster: Cluster, replica: Replica, pool: str) -> str:
+    url = f"{replica.controller.url}/v1/pools/default/{pool}/claims"
+    async with cluster.http.post(url, json={"waitSeconds": 10}) as response:
+        body = await response.json()
+        assert response.status == 201, body
+        return str(body["runnerId"])
+
+
+async def test_delete_policy_delete_destroys_everything(cluster: Cluster) -> None:
+    replica = await cluster.start_operator("--namespace", "default")
+    await cluster.create_pool(pool_doc("gone", idle=2, deletionPolicy="Delete"))
+    await wait_until(lambda: len(cluster.jobs("gone")) == 2, what="2 runners")
+    await claim(cluster, replica, "gone")
+    status, _ = await cluster.k8s("DELETE", cluster.pool_path("gone"))
+    assert status == 200
+    await wait_until(lambda: cluster.pool("gone") is None, what="the object to go")
+    assert cluster.jobs("gone") == []  # claimed runners too
+    assert cluster.events("Finalized")
+
+
+async def test_delete_policy_orphan_leaves_nomad_alone(cluster: Cluster) -> None:
+    await cluster.start_operator("--namespace", "default")
+    await cluster.create_pool(pool_doc("kept", idle=2, deletionPolicy="Orphan"))
+    await wait_until(lambda: len(cluster.jobs("kept")) == 2, what="2 runners")
+    await wait_until(lambda: cluster.condition("kept", "Ready") is not None, what="a status")
+    await cluster.k8s("DELETE", cluster.pool_path("kept"))
+    await wait_until(lambda: cluster.pool("kept") is None, what="the object to go")
+    assert len(cluster.jobs("kept")) == 2
+
+
+async def test_drain_waits_for_claimed_runners(cluster: Cluster) -> None:
+    replica = await cluster.start_operator("--namespace", "default")
+    await cluster.create_pool(pool_doc("drain", idle=3))
+    await wait_until(lambda: len(cluster.jobs("drain")) == 3, what="3 runners")
+    await wait_until(
+        lambda: ((cluster.pool("drain") or {}).get("status") or {}).get("idleRunners") == 3,
+        what="3 idle runners",
+    )
+    runner = await claim(cluster, replica, "drain")
+    await cluster.k8s("DELETE", cluster.pool_path("drain"))
+    # Idle runners go at once; the claimed one keeps the object (the finalizer) alive.
+    await wait_until(
+        lambda: [j["ID"] for j in cluster.jobs("drain")] == [runner], what="only the claim left"
+    )
+    await wait_until(
+        lambda: (cluster.condition("drain", "Terminating") or {}).get("reason") == "Drain",
+        what="the Terminating condition",
+    )
+    pool = cluster.pool("drain")
+    assert pool is not None and pool["metadata"]["deletionTimestamp"]
+    assert "poolkeeper.dev/finalizer" in pool["metadata"]["finalizers"]
+
+    async with cluster.http.delete(f"{replica.controller.url}/v1/runners/{runner}") as response:
+        assert response.status == 204
+    await wait_until(lambda: cluster.pool("drain") is None, what="the drained object to go")
+    assert cluster.jobs("drain") == []
+
+
+async def test_drain_timeout_retires_claimed_runners(cluster: Cluster) -> None:
+    replica = await cluster.start_operator("--namespace", "default")
+    await cluster.create_pool(pool_doc("short", idle=1, drainTimeoutSeconds=2))
+    await wait_until(lambda: len(cluster.jobs("short")) == 1, what="a runner")
+    await claim(cluster, replica, "short")
+    await cluster.k8s("DELETE", cluster.pool_path("short"))
+    await asyncio.sleep(1.0)
+    assert cluster.pool("short") is not None  # still draining: the claim is alive
+    await wait_until(lambda: cluster.pool("short") is None, within=10, what="the drain timeout")
+    assert cluster.jobs("short") == []
+
+
+async def test_finalizer_waits_while_nomad_is_unreachable(cluster: Cluster) -> None:
+    await cluster.start_operator("--namespace", "default")
+    await cluster.create_pool(pool_doc("cut", idle=1))
+    await wait_until(lambda: len(cluster.jobs("cut")) == 1, what="a runner")
+    cluster.sim.api_fault("refuse", seconds=4.0)
+    await cluster.k8s("DELETE", cluster.pool_path("cut"))
+    await wait_until(
+        lambda: bool(cluster.events("NomadUnavailable")), what="a NomadUnavailable Event"
+    )
+    terminating = cluster.condition("cut", "Terminating") or {}
+    assert "unreachable" in terminating.get("message", "")
+    assert cluster.pool("cut") is not None
+    # Nomad is back: the drain finishes.
+    await wait_until(
+        lambda: cluster.pool("cut") is None, within=15, what="the drain after the outage"
+    )
+    assert cluster.jobs("cut") == []
+
+
+async def test_immutable_change_is_refused_and_the_old_spec_keeps_running(
+    cluster: Cluster,
+) -> None:
+    await cluster.start_operator("--namespace", "default")
+    await cluster.create_pool(pool_doc("fixed", idle=1))
+    await wait_until(lambda: len(cluster.jobs("fixed")) == 1, what="a runner")
+    # The CRD's CEL transition rule refuses the change...
+    code, body = await cluster.patch_pool("fixed", {"spec": {"nomad": {"namespace": "other"}}})
+    assert code == 422 and "immutable" in body["message"]
+    # ...and where an API server lets it through, the operator refuses it too.
+    cluster.fake.cel_enabled = False
+    code, _ = await cluster.patch_pool("fixed", {"spec": {"nomad": {"jobPrefix": "moved-"}}})
+    assert code == 200
+
+    def refused() -> bool:
+        accepted = cluster.condition("fixed", "SpecAccepted") or {}
+        return accepted.get("reason") == "ImmutableFieldChanged"
+
+    await wait_until(refused, what="SpecAccepted=False ImmutableFieldChanged")
+    assert cluster.events("ImmutableFieldChanged")
+    code, _ = await cluster.patch_pool("fixed", {"spec": {"idleRunners": 2}})
+    assert code == 200
+    await asyncio.sleep(1.0)
+    jobs = cluster.jobs("fixed")
+    assert len(jobs) == 1 and jobs[0]["ID"].startswith("fixed-")  # the old spec, untouched
+
+
+async def test_a_lost_allocation_is_reported_as_an_event(cluster: Cluster) -> None:
+    replica = await cluster.start_operator("--namespace", "default")
+    await cluster.create_pool(pool_doc("lossy", idle=1))
+    await wait_until(lambda: len(cluster.jobs("lossy")) == 1, what="a runner")
+    runner = await claim(cluster, replica, "lossy")
+    url = f"{replica.controller.url}/v1/runners/{runner}"
+    async with cluster.http.get(url) as response:
+        allocation = (await response.json())["allocationId"]
+    await cluster.sim.reschedule_allocation(allocation)  # the user's state is gone
+    await wait_until(lambda: bool(cluster.events("AllocationLost")), what="AllocationLost")
+    event = cluster.events("AllocationLost")[0]
+    assert event["type"] == "Warning"
+    assert event["involvedObject"]["kind"] == "RunnerPool"
+    assert event["involvedObject"]["uid"] == (cluster.pool("lossy") or {})["metadata"]["uid"]
+    await wait_until(lambda: runner not in [j["ID"] for j in cluster.jobs("lossy")], what="gone")
+
+
+async def test_failed_starts_are_reported_as_events_and_open_the_breaker(
+    cluster: Cluster,
+) -> None:
+    await cluster.start_operator("--namespace", "default")
+    cluster.sim.fail_starts("broken:1")
+    await cluster.create_pool(
+        pool_doc("flaky", idle=3, runner={"image": "broken:1", "command": ["run"]})
+    )
+    await wait_until(lambda: bool(cluster.events("RunnerReplaced")), what="RunnerReplaced")
+    await wait_until(
+        lambda: bool(cluster.events("CircuitBreakerOpen")), what="a CircuitBreakerOpen Event"
+    )
+    degraded = cluster.condition("flaky", "Degraded") or {}
+    assert degraded.get("status") == "True" and degraded.get("reason") == "CircuitOpen"
+    assert all(e["type"] == "Warning" for e in cluster.events("RunnerReplaced"))
+
+
+async def test_status_is_written_only_when_it_changes(cluster: Cluster) -> None:
+    replica = await cluster.start_operator("--namespace", "default")
+    await cluster.create_pool(pool_doc("calm", idle=1))
+    await wait_until(
+        lambda: (cluster.condition("calm", "Progressing") or {}).get("reason") == "Stable",
+        what="a stable pool",
+    )
+    ready = cluster.condition("calm", "Ready")
+
+    def status_writes() -> int:
+        return sum(
+            1
+            for r in cluster.fake.requests
+            if r.subresource == "status" and r.name == "calm" and r.verb == "patch"
+        )
+
+    before = status_writes()
+    await asyncio.sleep(2.0)  # four resyncs of 0.5 s: nothing changed, nothing written
+    assert status_writes() == before
+    # A restarted operator keeps the conditions' transition times and writes nothing new.
+    await replica.stop()
+    await cluster.start_operator("--namespace", "default")
+    await asyncio.sleep(1.5)
+    assert cluster.condition("calm", "Ready") == ready
+    assert status_writes() == before
+    # A change is written, and only Ready's flip moves its transition time.
+    await cluster.patch_pool("calm", {"spec": {"idleRunners": 3}})
+    await wait_until(
+        lambda: ((cluster.pool("calm") or {}).get("status") or {}).get("idleRunners") == 3,
+        what="the scale-up in the status",
+    )
+    assert status_writes() > before
+
+
+async def test_an_invalid_update_stops_the_pool_and_keeps_nomad_untouched(
+    cluster: Cluster,
+) -> None:
+    await cluster.start_operator("--namespace", "default")
+    await cluster.create_pool(pool_doc("turn", idle=1))
+    await wait_until(lambda: len(cluster.jobs("turn")) == 1, what="a runner")
+    code, _ = await cluster.patch_pool(
+        "turn", {"spec": {"idleRunners": 3, "nomad": {"jobTemplate": {"Type": "service"}}}}
+    )
+    assert code == 200
+    await wait_until(
+        lambda: (cluster.condition("turn", "Ready") or {}).get("reason") == "InvalidSpec",
+        what="InvalidSpec",
+    )
+    await asyncio.sleep(1.0)
+    assert len(cluster.jobs("turn")) == 1  # neither scaled nor destroyed
+    pool = cluster.pool("turn") or {}
+    assert pool["status"]["observedGeneration"] == pool["metadata"]["generation"]
+
+
+async def test_a_pool_made_invalid_while_no_operator_ran_is_still_deleted(
+    cluster: Cluster,
+) -> None:
+    replica = await cluster.start_operator("--namespace", "default")
+    await cluster.create_pool(pool_doc("late", idle=1, deletionPolicy="Delete"))
+    await wait_until(lambda: len(cluster.jobs("late")) == 1, what="a runner")
+    await replica.stop()
+    await cluster.patch_pool("late", {"spec": {"nomad": {"jobTemplate": {"Name": "x"}}}})
+    await cluster.start_operator("--namespace", "default")
+    await wait_until(
+        lambda: (cluster.condition("late", "Ready") or {}).get("reason") == "InvalidSpec",
+        what="InvalidSpec",
+    )
+    assert len(cluster.jobs("late")) == 1
+    await cluster.k8s("DELETE", cluster.pool_path("late"))
+    await wait_until(lambda: cluster.pool("late") is None, what="the object to go")
+    assert cluster.jobs("late") == []

@@ -1,0 +1,107 @@
+"""The operator's command line and kopf settings."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from controller.cli import UsageError, build_parser
+from controller.cli import main as cli_main
+from controller.operator import (
+    FINALIZER,
+    PEERING_LIFETIME_SECONDS,
+    OperatorOptions,
+    operator_settings,
+    options_from_args,
+)
+from tests.operator.conftest import Cluster, free_port, pool_doc, wait_until
+
+
+def parse(*argv: str) -> OperatorOptions:
+    return options_from_args(build_parser().parse_args(["operator", *argv]))
+
+
+def test_priorities_are_drawn_from_a_wide_range_when_not_given() -> None:
+    drawn = {parse().priority for _ in range(20)}
+    assert len(drawn) == 20  # kopf freezes every replica when two priorities tie
+    assert parse("--priority", "7").priority == 7
+
+
+def test_scope_and_peering_map_to_kopf_settings() -> None:
+    assert parse("--namespace", "a", "--namespace", "b").namespaces == ("a", "b")
+    assert parse("--all-namespaces").namespaces == ()
+    passive_capable = operator_settings(parse("--peering", "poolkeeper"))
+    assert passive_capable.peering.name == "poolkeeper"
+    assert passive_capable.peering.mandatory and not passive_capable.peering.standalone
+    assert passive_capable.peering.lifetime == PEERING_LIFETIME_SECONDS
+    alone = operator_settings(parse())
+    assert alone.peering.standalone and not alone.peering.mandatory
+    assert alone.scanning.disabled
+    assert alone.persistence.finalizer == FINALIZER
+
+
+def test_bad_values_are_usage_errors() -> None:
+    with pytest.raises(UsageError, match="--resync-seconds"):
+        parse("--resync-seconds", "0")
+    with pytest.raises(UsageError, match="--listen"):
+        parse("--listen", "nowhere")
+
+
+def test_missing_kubernetes_credentials_are_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "")
+    assert cli_main(["operator", "--insecure-no-auth", "--listen", "127.0.0.1:0"]) == 2
+    assert "no Kubernetes credentials" in capsys.readouterr().err
+
+
+async def test_the_command_runs_against_a_cluster_and_stops_on_sigterm(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    config = cluster.fake.kubeconfig(tmp_path / "kubeconfig", token="operator-a")
+    port = free_port()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "controller",
+        "operator",
+        "--namespace",
+        "default",
+        "--insecure-no-auth",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--resync-seconds",
+        "0.5",
+        env={
+            **os.environ,
+            "KUBECONFIG": str(config),
+            "NOMAD_ADDR": cluster.sim_server.url,
+            "HOME": str(tmp_path),
+        },
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        await cluster.create_pool(pool_doc("cli", idle=1))
+        await wait_until(lambda: len(cluster.jobs("cli")) == 1, what="a runner")
+
+        async def ready() -> bool:
+            try:
+                async with cluster.http.get(f"http://127.0.0.1:{port}/readyz") as response:
+                    return bool(response.status == 200)
+            except OSError:
+                return False
+
+        await wait_until(ready, what="the operator to be ready")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(process.communicate(), timeout=30)
+    assert process.returncode == 0, err.decode()[-2000:]
+    assert len(cluster.jobs("cli")) == 1  # stopping never destroys runners
