@@ -37,11 +37,9 @@ from typing import Any, Final
 
 import aiohttp
 import kopf
-from aiohttp import web
 from kopf._core.engines import daemons as kopf_daemons
 from pydantic import ValidationError
 
-from controller.api.app import create_app
 from controller.cli import UsageError
 from controller.engine.reconciler import utcnow
 from controller.engine.status import Condition, PoolStatus, compute_status
@@ -57,7 +55,8 @@ from controller.model import (
 )
 from controller.nomad.config import ConfigError, NomadConfig
 from controller.nomad.errors import NomadError
-from controller.standalone import DELETION_MODES, Controller, Settings, parse_listen
+from controller.service import Service, ServiceSettings, parse_listen
+from controller.standalone import DELETION_MODES
 
 log = logging.getLogger(__name__)
 
@@ -97,12 +96,9 @@ Connect = Callable[[kopf.OperatorSettings], kopf.ConnectionInfo | None]
 
 
 @dataclass(frozen=True)
-class OperatorOptions:
-    namespaces: tuple[str, ...] = ()  # empty: all namespaces
+class OperatorOptions(ServiceSettings):
     listen: tuple[str, int] = ("0.0.0.0", 8080)
-    resync_seconds: float = 10.0
-    token_file: Path | None = None
-    insecure_no_auth: bool = False
+    namespaces: tuple[str, ...] = ()  # empty: all namespaces
     peering: str | None = None
     priority: int = 0
     liveness: str | None = None
@@ -397,22 +393,12 @@ class Registration:
     writing: asyncio.Lock = field(default_factory=asyncio.Lock)  # one status write at a time
 
 
-class OperatorController(Controller):
-    """Engine, API and event watchers of one operator replica (see `Controller`)."""
+class OperatorController(Service):
+    """Engine, API and event watchers of one operator replica; pools come from kopf."""
 
     def __init__(self, options: OperatorOptions, nomad: NomadConfig) -> None:
-        super().__init__(
-            Settings(
-                pools_path=Path(os.devnull),
-                listen=options.listen,
-                resync_seconds=options.resync_seconds,
-                token_file=options.token_file,
-                insecure_no_auth=options.insecure_no_auth,
-            ),
-            nomad,
-        )
+        super().__init__(options, nomad, on_status=self._on_status)
         self.options = options
-        self.engine.on_status = self._on_status
         self.kube: KubeClient | None = None
         self.active = False
         self.registrations: dict[str, Registration] = {}
@@ -423,17 +409,6 @@ class OperatorController(Controller):
         self._stopped = False
 
     # -- lifecycle --------------------------------------------------------------------
-
-    async def serve_api(self) -> str:
-        """The HTTP API, health and metrics; up before kopf, unready until active."""
-        app = create_app(self.engine, self.metrics, self.tokens, self.unready, self.claims)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        host, port = self.settings.listen
-        await web.TCPSite(self._runner, host, port).start()
-        self.url = f"http://{host}:{self._runner.addresses[0][1]}"
-        log.info("poolkeeper operator API listening on %s", self.url)
-        return self.url
 
     def unready(self) -> list[str]:
         if not self.active:
@@ -457,18 +432,15 @@ class OperatorController(Controller):
             self.active = True
             await self.engine.start()
             self._spawn(self._resume_drains())
-            self._sync_watchers()
+            self.sync_watchers()
         else:
             log.info("this replica is passive: not reconciling")
             self.active = False
             await self.engine.stop()
-            for watcher in self.watchers.values():
-                await watcher.stop()
-            self.watchers.clear()
+            await self.stop_watchers()
             # Forget everything: the active replica owns the pools now, and kopf lists
             # them all again when this replica resumes.
-            for key in list(self.engine.pools):
-                self.engine.remove_pool(key, None)
+            self.engine.forget_pools()
             self.registrations.clear()
 
     async def _resume_drains(self) -> None:
@@ -476,7 +448,7 @@ class OperatorController(Controller):
         while self.active:
             try:
                 await self.engine.resume_drains()
-                self._sync_watchers()
+                self.sync_watchers()
                 return
             except NomadError as error:
                 log.warning("cannot resume recorded drains yet: %s", error)
@@ -502,10 +474,7 @@ class OperatorController(Controller):
         await asyncio.gather(*self._background, return_exceptions=True)
         if self.active:
             await self.set_active(False)
-        await self.claims.drain()
-        if self._runner is not None:
-            await self._runner.cleanup()
-        await self.client.close()
+        await self.close()
         if self.kube is not None:
             await self.kube.close()
 
@@ -566,7 +535,7 @@ class OperatorController(Controller):
             # A restarted operator keeps condition transition times (and writes nothing
             # if nothing changed).
             managed.status = known.engine_status
-        self._sync_watchers()
+        self.sync_watchers()
         accepted = self._set_condition(known, SPEC_ACCEPTED, "True", "Accepted", "", generation)
         if accepted and not first:
             await self._write_status(known)
@@ -728,7 +697,7 @@ class OperatorController(Controller):
             known.drain_since = time.monotonic()
         if known.drain_since is None:  # a drain resumed from Nomad, or another replica's
             known.drain_since = time.monotonic()
-        self._sync_watchers()
+        self.sync_watchers()
         if not known.drain_announced:
             known.drain_announced = True
             reason = "Draining" if mode is PoolMode.DRAIN else "Deleting"
@@ -909,7 +878,7 @@ async def run(
     """One operator replica until SIGTERM/SIGINT (or `stop_flag`)."""
     _install_pause_hook()
     controller = OperatorController(options, nomad)
-    await controller.serve_api()
+    await controller.serve_api(controller.unready)
     if started is not None:
         started(controller)
     token = _ACTIVITY.set(controller.activity)

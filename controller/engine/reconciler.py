@@ -32,6 +32,7 @@ from controller.engine.types import (
     PoolObservation,
     PoolPolicy,
     Runner,
+    RunnerState,
     claim_path,
     format_time,
     parse_time,
@@ -60,6 +61,8 @@ Clock = Callable[[], datetime]
 StatusSink = Callable[[str, PoolStatus], Awaitable[None] | None]
 
 COALESCE_SECONDS = 0.02
+# Runner states whose classification does not depend on the clock (see Engine._classify).
+_CLOCK_FREE_STATES = frozenset({RunnerState.IDLE, RunnerState.OUTDATED, RunnerState.TERMINATING})
 APPLY_CONCURRENCY = 32
 
 
@@ -89,6 +92,7 @@ class ManagedPool:
     observation: PoolObservation | None = None
     observed: bool = False
     observation_started: float = 0.0  # time.monotonic() when the last observation began
+    classified_policy: PoolPolicy | None = None  # the policy `runners` were classified with
 
     @property
     def key(self) -> str:
@@ -201,6 +205,15 @@ class Engine:
             managed.policy = replace(managed.policy, mode=mode, drain_deadline=deadline)
         self._resolve_prefix_conflicts()
         self.hint_namespace(managed.policy.nomad_namespace)
+
+    def forget_pools(self) -> None:
+        """Drop every pool without touching Nomad or the drain records: another process
+        owns them now (a passive operator replica)."""
+        for key in list(self.pools):
+            self.metrics.forget_pool(key)
+        self.pools.clear()
+        self._drain_records.clear()
+        self._cancelled_drains.clear()
 
     def _add_draining(
         self, key: str, namespace: str, job_prefix: str, mode: PoolMode, deadline: datetime
@@ -456,7 +469,7 @@ class Engine:
         observation_started: float,
     ) -> Applied:
         policy = managed.policy
-        runners = classify(policy, observation, now)
+        runners = self._classify(managed, observation, now)
         started = breakers.count_started(managed.runners, runners)
         managed.runners, managed.observation, managed.observed = tuple(runners), observation, True
         managed.observation_started = observation_started
@@ -488,6 +501,26 @@ class Engine:
         ).inc()
         await self._publish(managed, runners, now)
         return applied
+
+    @staticmethod
+    def _classify(
+        managed: ManagedPool, observation: PoolObservation, now: datetime
+    ) -> list[Runner]:
+        """Classify the pool's runners, or reuse the last pass's result when nothing the
+        classification reads has changed: the same policy, an equal observation (the views
+        are the very objects of the last pass unless Nomad changed them, so this is
+        cheap), and only states that do not depend on the clock (a starting runner can
+        time out and a claim can expire, so those are always classified again)."""
+        previous = managed.observation
+        if (
+            previous is not None
+            and managed.classified_policy is managed.policy
+            and all(r.state in _CLOCK_FREE_STATES for r in managed.runners)
+            and observation == previous
+        ):
+            return list(managed.runners)
+        managed.classified_policy = managed.policy
+        return classify(managed.policy, observation, now)
 
     async def _publish(self, managed: ManagedPool, runners: list[Runner], now: datetime) -> None:
         status = compute_status(

@@ -1,0 +1,145 @@
+"""What `poolkeeper run` and `poolkeeper operator` share: metrics, the Nomad client, the
+engine, the claim service, API tokens, the HTTP listener and the event-stream watchers.
+The two front doors differ only in where pools come from."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from controller.api.app import TokenSet, create_app, read_token_file
+from controller.claims import ClaimService
+from controller.cli import UsageError
+from controller.engine.reconciler import Clock, Engine, StatusSink, utcnow
+from controller.metrics import Metrics
+from controller.nomad.client import NomadClient
+from controller.nomad.config import NomadConfig
+from controller.nomad.events import EventWatcher
+
+log = logging.getLogger(__name__)
+
+# Seconds a connection may stay idle, or take to send its request headers (nginx's
+# keepalive_timeout default); tests lower it. aiohttp's own default is an hour, which
+# lets slow-loris clients hold connections.
+HTTP_IDLE_TIMEOUT_SECONDS = 75.0
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise UsageError(f"--listen {value!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    listen: tuple[str, int] = ("127.0.0.1", 8080)
+    resync_seconds: float = 10.0
+    token_file: Path | None = None
+    insecure_no_auth: bool = False
+    reconcile: bool = True
+    prune: bool = False
+
+
+def read_api_tokens(token_file: Path | None) -> list[str]:
+    """Tokens from the file (one per line) and POOLKEEPER_API_TOKENS; none is an error."""
+    tokens: list[str] = []
+    if token_file is not None:
+        try:
+            tokens += read_token_file(token_file)
+        except OSError as error:
+            raise UsageError(f"--api-token-file {token_file}: {error.strerror}") from None
+    env = os.environ.get("POOLKEEPER_API_TOKENS", "")
+    tokens += [t.strip() for t in env.replace(",", "\n").splitlines() if t.strip()]
+    if not tokens:
+        raise UsageError(
+            "no API token: give --api-token-file or POOLKEEPER_API_TOKENS, or --insecure-no-auth"
+        )
+    return tokens
+
+
+class Service:
+    def __init__(
+        self,
+        settings: ServiceSettings,
+        nomad: NomadConfig,
+        *,
+        clock: Clock = utcnow,
+        on_status: StatusSink | None = None,
+    ) -> None:
+        self.service_settings = settings
+        self.nomad = nomad
+        self.metrics = Metrics()
+        self.client = NomadClient(nomad, on_request=self.metrics.observe_nomad_request)
+        self.engine = Engine(
+            self.client,
+            self.metrics,
+            resync_seconds=settings.resync_seconds,
+            clock=clock,
+            on_status=on_status,
+            reconcile=settings.reconcile,
+            home_namespace=nomad.namespace or "default",
+            prune=settings.prune,
+        )
+        self.claims = ClaimService(self.engine)
+        self.tokens = TokenSet(
+            None if settings.insecure_no_auth else read_api_tokens(settings.token_file)
+        )
+        self.watchers: dict[str, EventWatcher] = {}
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def serve_api(self, ready: Callable[[], list[str]]) -> str:
+        """Start the one listener for API, health and metrics; returns its URL."""
+        app = create_app(self.engine, self.metrics, self.tokens, ready, self.claims)
+        self._runner = web.AppRunner(
+            app, access_log=None, keepalive_timeout=HTTP_IDLE_TIMEOUT_SECONDS
+        )
+        await self._runner.setup()
+        host, port = self.service_settings.listen
+        await web.TCPSite(self._runner, host, port).start()
+        self.url = f"http://{host}:{self._runner.addresses[0][1]}"
+        log.info("poolkeeper listening on %s", self.url)
+        return self.url
+
+    def reload_tokens(self) -> None:
+        if self.tokens.enabled:
+            try:
+                self.tokens.replace(read_api_tokens(self.service_settings.token_file))
+            except UsageError as error:
+                log.error("keeping the previous API tokens: %s", error)
+
+    def sync_watchers(self) -> None:
+        """One event-stream watcher per Nomad namespace the engine reconciles."""
+        for namespace in self.engine.namespaces() - set(self.watchers):
+            watcher = EventWatcher(
+                self.nomad,
+                namespace,
+                on_job=functools.partial(self.engine.hint_job, namespace),
+                on_state=functools.partial(self._stream_state, namespace),
+            )
+            watcher.start()
+            self.watchers[namespace] = watcher
+
+    async def stop_watchers(self) -> None:
+        for watcher in self.watchers.values():
+            await watcher.stop()
+        self.watchers.clear()
+
+    def _stream_state(self, namespace: str, up: bool) -> None:
+        self.metrics.event_stream_up.labels(namespace=namespace).set(1 if up else 0)
+
+    async def close(self) -> None:
+        """Stop everything; never destroys runners (Nomad keeps them)."""
+        await self.stop_watchers()
+        await self.engine.stop()
+        await self.claims.drain()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        await self.client.close()
