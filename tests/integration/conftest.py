@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import aiohttp
 import pytest
 import yaml
 
+from controller.engine.reconciler import Clock, utcnow
 from controller.engine.types import RunnerState
 from controller.invariants import NomadJob, PoolSnapshot, check_invariants
 from controller.nomad.config import NomadConfig
@@ -20,6 +22,19 @@ from controller.simulator import SimServer, Simulator, start_sim
 from controller.standalone import Controller, Settings
 
 TOKEN = "test-api-token"
+
+
+class FakeClock:
+    """An injected clock for the controller: time moves only when a test says so."""
+
+    def __init__(self) -> None:
+        self.now = datetime.now(UTC).replace(microsecond=0)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
 
 
 def pool_doc(name: str, idle: int = 3, max_runners: int = 10, **spec: Any) -> dict[str, Any]:
@@ -77,6 +92,7 @@ class Harness:
         resync_seconds: float = 1.0,
         reconcile: bool = True,
         prune: bool = False,
+        clock: Clock = utcnow,
     ) -> Controller:
         tokens = self.tmp_path / "tokens"
         tokens.write_text(TOKEN + "\n")
@@ -88,7 +104,9 @@ class Harness:
             reconcile=reconcile,
             prune=prune,
         )
-        controller = Controller(settings, NomadConfig.from_env({"NOMAD_ADDR": self.server.url}))
+        controller = Controller(
+            settings, NomadConfig.from_env({"NOMAD_ADDR": self.server.url}), clock=clock
+        )
         await controller.start()
         self.controllers.append(controller)
         return controller

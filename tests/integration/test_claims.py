@@ -11,16 +11,16 @@ import pytest
 
 from controller.engine.types import RunnerState, claim_path
 
-from .conftest import TOKEN, Harness, pool_doc, wait_until, write_pools
+from .conftest import TOKEN, FakeClock, Harness, pool_doc, wait_until, write_pools
 
 CLAIMS = "/v1/pools/default/py/claims"
 
 
-async def filled(harness: Harness, tmp_path, idle: int = 3, **spec):
+async def filled(harness: Harness, tmp_path, idle: int = 3, clock=None, **spec):
     pools = write_pools(
         tmp_path / "pools.yaml", pool_doc("py", idle=idle, max_runners=idle * 10, **spec)
     )
-    controller = await harness.start(pools)
+    controller = await (harness.start(pools, clock=clock) if clock else harness.start(pools))
     await harness.settled(controller)
     return controller, pools
 
@@ -89,13 +89,14 @@ async def test_request_id_makes_a_claim_idempotent(harness: Harness, tmp_path):
 
 
 async def test_keepalive_moves_the_deadline_and_release_destroys(harness: Harness, tmp_path):
-    controller, _ = await filled(harness, tmp_path)
+    clock = FakeClock()
+    controller, _ = await filled(harness, tmp_path, clock=clock)
     _, claim = await harness.api(controller, "POST", CLAIMS, {"inactivityTimeoutSeconds": 30})
     runner = claim["runnerId"]
-    await asyncio.sleep(1.1)  # timestamps have second resolution
+    clock.advance(20)
     status, kept = await harness.api(controller, "POST", f"/v1/runners/{runner}/keepalive")
     assert status == 200
-    assert kept["expiresAt"] > claim["expiresAt"]
+    assert parse(kept["expiresAt"]) == clock.now + timedelta(seconds=30)
     status, _ = await harness.api(controller, "DELETE", f"/v1/runners/{runner}")
     assert status == 204
     status, again = await harness.api(controller, "DELETE", f"/v1/runners/{runner}")
@@ -110,7 +111,41 @@ async def test_keepalive_moves_the_deadline_and_release_destroys(harness: Harnes
     assert runner not in {j["ID"] for j in await harness.jobs(controller)}
 
 
+def parse(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+
+async def test_an_expired_claim_is_destroyed_and_answers_expired(harness: Harness, tmp_path):
+    clock = FakeClock()
+    controller, _ = await filled(harness, tmp_path, clock=clock)
+    _, claim = await harness.api(controller, "POST", CLAIMS, {"inactivityTimeoutSeconds": 60})
+    runner = claim["runnerId"]
+    clock.advance(59)
+    await controller.engine.reconcile_namespace("default")
+    assert runner in {j["ID"] for j in await harness.jobs(controller)}
+    clock.advance(1)  # exactly at the deadline
+    await controller.engine.reconcile_namespace("default")
+    assert runner not in {j["ID"] for j in await harness.jobs(controller)}
+    status, body = await harness.api(controller, "POST", f"/v1/runners/{runner}/keepalive")
+    assert (status, body["error"]["reason"]) == (410, "Expired")
+    await harness.settled(controller)
+
+
+async def test_a_keepalive_after_the_deadline_wins_nothing(harness: Harness, tmp_path):
+    clock = FakeClock()
+    controller, _ = await filled(harness, tmp_path, clock=clock)
+    _, claim = await harness.api(controller, "POST", CLAIMS, {"inactivityTimeoutSeconds": 60})
+    clock.advance(61)  # the engine has not run yet: the keepalive itself ends the claim
+    status, body = await harness.api(
+        controller, "POST", f"/v1/runners/{claim['runnerId']}/keepalive"
+    )
+    assert (status, body["error"]["reason"]) == (410, "Expired")
+    await controller.engine.reconcile_namespace("default")
+    assert claim["runnerId"] not in {j["ID"] for j in await harness.jobs(controller)}
+
+
 async def test_claim_without_keepalive_expires_at_its_deadline(harness: Harness, tmp_path):
+    """Liveness with the real clock: the engine wakes at the deadline by itself."""
     controller, _ = await filled(harness, tmp_path, claims={"defaultInactivityTimeoutSeconds": 1})
     _, claim = await harness.api(controller, "POST", CLAIMS, {})
     runner = claim["runnerId"]
@@ -126,14 +161,18 @@ async def test_claim_without_keepalive_expires_at_its_deadline(harness: Harness,
 
 
 async def test_a_kept_alive_claim_is_never_destroyed(harness: Harness, tmp_path):
-    controller, _ = await filled(harness, tmp_path, claims={"defaultInactivityTimeoutSeconds": 2})
+    clock = FakeClock()
+    controller, _ = await filled(
+        harness, tmp_path, clock=clock, claims={"defaultInactivityTimeoutSeconds": 2}
+    )
     _, claim = await harness.api(controller, "POST", CLAIMS, {})
-    for _ in range(6):
-        await asyncio.sleep(0.7)
+    for _ in range(10):
+        clock.advance(1.5)
         status, _ = await harness.api(
             controller, "POST", f"/v1/runners/{claim['runnerId']}/keepalive"
         )
         assert status == 200
+        await controller.engine.reconcile_namespace("default")
     assert claim["runnerId"] in {j["ID"] for j in await harness.jobs(controller)}
 
 
