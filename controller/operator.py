@@ -431,7 +431,7 @@ class OperatorController(Service):
             log.info("this replica is active: reconciling")
             self.active = True
             await self.engine.start()
-            self._spawn(self._resume_drains())
+            self._spawn(self.resume_drains(lambda: self.active))
             self.sync_watchers()
         else:
             log.info("this replica is passive: not reconciling")
@@ -442,18 +442,6 @@ class OperatorController(Service):
             # them all again when this replica resumes.
             self.engine.forget_pools()
             self.registrations.clear()
-
-    async def _resume_drains(self) -> None:
-        delay = 1.0
-        while self.active:
-            try:
-                await self.engine.resume_drains()
-                self.sync_watchers()
-                return
-            except NomadError as error:
-                log.warning("cannot resume recorded drains yet: %s", error)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         async def run() -> None:

@@ -4,6 +4,7 @@ The two front doors differ only in where pools come from."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import os
@@ -20,6 +21,7 @@ from controller.engine.reconciler import Clock, Engine, StatusSink, utcnow
 from controller.metrics import Metrics
 from controller.nomad.client import NomadClient
 from controller.nomad.config import NomadConfig
+from controller.nomad.errors import NomadError
 from controller.nomad.events import EventWatcher
 
 log = logging.getLogger(__name__)
@@ -107,6 +109,21 @@ class Service:
         self.url = f"http://{host}:{self._runner.addresses[0][1]}"
         log.info("poolkeeper listening on %s", self.url)
         return self.url
+
+    async def resume_drains(self, keep_going: Callable[[], bool] = lambda: True) -> None:
+        """Take up the drains recorded in Nomad. Nomad may well be down when a controller
+        starts, so this retries with backoff (in the background) instead of failing."""
+        delay = 1.0
+        while keep_going():
+            try:
+                await self.engine.resume_drains()
+            except NomadError as error:
+                log.warning("cannot read recorded drains yet, retrying in %.0f s: %s", delay, error)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+            else:
+                self.sync_watchers()
+                return
 
     def reload_tokens(self) -> None:
         if self.tokens.enabled:

@@ -40,18 +40,22 @@ class Controller(Service):
         super().__init__(settings, nomad, clock=clock)
         self.settings = settings
         self.pools: dict[str, RunnerPool] = {}
+        self._resuming: asyncio.Task[None] | None = None
 
     async def start(self) -> str:
         self.load_pools(initial=True)
         url = await self.serve_api(self.engine.ready)
         if self.settings.reconcile:
-            await self.engine.resume_drains()
+            self._resuming = asyncio.create_task(self.resume_drains())
         await self.engine.start()
         self.sync_watchers()
         return url
 
     async def stop(self) -> None:
         """Graceful stop: never destroys runners."""
+        if self._resuming is not None:
+            self._resuming.cancel()
+            await asyncio.gather(self._resuming, return_exceptions=True)
         await self.close()
 
     def load_pools(self, *, initial: bool = False) -> None:

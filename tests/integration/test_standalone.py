@@ -236,3 +236,27 @@ async def test_orphan_after_a_drain_began_cancels_the_recorded_drain(harness: Ha
     restarted = await harness.start(pools)
     assert "default/gone" not in restarted.engine.pools
     assert claim["runnerId"] in {j["ID"] for j in await harness.jobs(restarted)}
+
+
+async def test_starts_while_nomad_is_unreachable_and_catches_up(harness: Harness, tmp_path):
+    pools = write_pools(
+        tmp_path / "pools.yaml",
+        pool_doc("keep", idle=1),
+        pool_doc("gone", idle=1, deletionPolicy="Delete"),
+    )
+    controller = await harness.start(pools)
+    await harness.settled(controller)
+    write_pools(pools, pool_doc("keep", idle=1))
+    controller.load_pools()
+    await controller.engine.reconcile_namespace("default")  # the drain record is written
+    await harness.stop(controller)
+    harness.sim.api_fault(kind="refuse", seconds=2.0)
+    restarted = await harness.start(pools)  # must not fail: Nomad is the one that is down
+    status, _ = await harness.api(restarted, "GET", "/readyz", token=None)
+    assert status == 503
+
+    async def resumed() -> bool:
+        return "default/gone" in restarted.engine.pools
+
+    await wait_until(resumed, within=30, what="the recorded drain to be resumed")
+    await harness.settled(restarted, within=30)
