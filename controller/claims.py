@@ -12,6 +12,7 @@ import logging
 import random
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
@@ -117,6 +118,8 @@ class ClaimService:
         # started later shows them claimed.
         self._taken: dict[str, dict[str, float]] = {}
         self._background: set[asyncio.Task[None]] = set()
+        # pool key -> (the runners tuple of a pass, its idle runners, its outdated ones)
+        self._idle_cache: dict[str, tuple[tuple[Runner, ...], list[Runner], list[Runner]]] = {}
 
     # ---- claim -------------------------------------------------------------------------
 
@@ -178,19 +181,38 @@ class ClaimService:
                 raise ClaimError("PoolEmpty", f"pool {managed.key} has no idle runner")
             await self.engine.wait_for_observation(managed.key, within=remaining)
 
-    def _candidates(self, managed: ManagedPool) -> list[Runner]:
+    def _candidates(self, managed: ManagedPool) -> Iterator[Runner]:
+        """Idle runners (current template first, then outdated) in random order, skipping
+        those this process claimed since the pool was last observed.
+
+        Random order spreads concurrent claimers (and replicas) over different runners. The
+        order is drawn lazily (a Fisher-Yates shuffle that stops where the caller stops) and
+        `taken` is checked as each runner comes up, so a claim costs what it tries rather
+        than the size of the pool, and a runner a concurrent claimer took meanwhile is
+        skipped instead of costing a lost check-and-set."""
         taken = self._taken.setdefault(managed.key, {})
         for runner_id, when in list(taken.items()):
             if when < managed.observation_started:
                 del taken[runner_id]
-        current = [r for r in managed.runners if r.state is RunnerState.IDLE and r.id not in taken]
-        outdated = [
-            r for r in managed.runners if r.state is RunnerState.OUTDATED and r.id not in taken
-        ]
-        # Random order spreads concurrent claimers (and replicas) over different runners.
-        self.rng.shuffle(current)
-        self.rng.shuffle(outdated)
-        return current + outdated
+        current, outdated = self._idle(managed)
+        for group in (current, outdated):
+            order = list(group)
+            for i in range(len(order)):
+                j = i + self.rng.randrange(len(order) - i)
+                order[i], order[j] = order[j], order[i]
+                if order[i].id not in taken:
+                    yield order[i]
+
+    def _idle(self, managed: ManagedPool) -> tuple[list[Runner], list[Runner]]:
+        """The pool's idle and outdated runners as the last pass saw them, computed once
+        per pass rather than once per claim."""
+        cached = self._idle_cache.get(managed.key)
+        if cached is not None and cached[0] is managed.runners:
+            return cached[1], cached[2]
+        current = [r for r in managed.runners if r.state is RunnerState.IDLE]
+        outdated = [r for r in managed.runners if r.state is RunnerState.OUTDATED]
+        self._idle_cache[managed.key] = (managed.runners, current, outdated)
+        return current, outdated
 
     async def _try_claim(
         self, managed: ManagedPool, runner: Runner, inactivity: int, request_id: str | None
@@ -221,7 +243,9 @@ class ClaimService:
             return None  # another claimer (or a scale-down) won this runner
         except NomadError as error:
             raise ClaimError("NomadUnavailable", f"Nomad did not take the claim: {error}") from None
-        return ClaimRecord.from_variable(stored)
+        claimed = ClaimRecord.from_variable(stored)
+        self.engine.remember_claim(claimed)  # spares the next pass reading it back
+        return claimed
 
     # ---- idempotent claims ---------------------------------------------------------------
 
@@ -407,7 +431,9 @@ class ClaimService:
             return None
         except NomadError as error:
             raise ClaimError("NomadUnavailable", f"Nomad is not reachable: {error}") from None
-        return ClaimRecord.from_variable(stored)
+        changed = ClaimRecord.from_variable(stored)
+        self.engine.remember_claim(changed)
+        return changed
 
     async def pool_claims(self, namespace: str, name: str) -> list[dict[str, Any]]:
         key = f"{namespace}/{name}"

@@ -3,6 +3,11 @@
 One pass lists the namespace's jobs (with Meta), its allocations and the metadata of its
 claim variables, concurrently; only claim variables whose ModifyIndex changed since the
 last pass are read again (Nomad's variable list carries no Items).
+
+Job and allocation views are kept between passes and rebuilt only for stubs whose
+ModifyIndex moved (Nomad bumps it on every change of a job or an allocation, client
+updates included), so a steady-state pass over thousands of runners does not rebuild
+thousands of identical views.
 """
 
 from __future__ import annotations
@@ -45,9 +50,13 @@ class _CachedClaim:
 
 @dataclass
 class ClaimCache:
-    """Claim variables read so far, keyed by path; re-read only when ModifyIndex moves."""
+    """What observe remembers of a namespace between passes: claim variables read so far,
+    keyed by path (re-read only when ModifyIndex moves), and the job and allocation views
+    built so far, keyed by ID (rebuilt only when ModifyIndex moves)."""
 
     entries: dict[str, _CachedClaim] = field(default_factory=dict)
+    jobs: dict[str, tuple[int, JobView]] = field(default_factory=dict)
+    allocations: dict[str, tuple[int, AllocationView]] = field(default_factory=dict)
 
     def remember(self, record: ClaimRecord) -> None:
         """Take a variable this process just wrote, saving the next pass a read."""
@@ -62,14 +71,24 @@ async def observe_namespace(
         client.list_allocations(namespace),
         client.list_variables(CLAIMS_PREFIX, namespace),
     )
-    jobs = tuple(
-        JobView.from_stub(stub) for stub in job_stubs if (stub.get("Meta") or {}).get(META_POOL)
-    )
+    jobs = _job_views(job_stubs, cache)
     wanted = {job.id for job in jobs}
     by_job: defaultdict[str, list[AllocationView]] = defaultdict(list)
+    seen: dict[str, tuple[int, AllocationView]] = {}
+    known = cache.allocations
     for stub in alloc_stubs:
-        if stub.get("JobID") in wanted:
-            by_job[stub["JobID"]].append(AllocationView.from_stub(stub))
+        job_id = stub.get("JobID")
+        if job_id not in wanted:
+            continue
+        alloc_id, index = stub.get("ID"), stub.get("ModifyIndex")
+        hit = known.get(alloc_id) if isinstance(alloc_id, str) else None
+        if hit is None or hit[0] != index or not isinstance(index, int):
+            view = AllocationView.from_stub(stub)
+            hit = (index if isinstance(index, int) else -1, view)
+        if isinstance(alloc_id, str):
+            seen[alloc_id] = hit
+        by_job[job_id].append(hit[1])
+    cache.allocations = seen
     claims, malformed = await read_claims(client, namespace, cache, variable_metas)
     return NamespaceObservation(
         namespace=namespace,
@@ -78,6 +97,25 @@ async def observe_namespace(
         claims=claims,
         malformed_claims=frozenset(malformed),
     )
+
+
+def _job_views(stubs: list[dict[str, Any]], cache: ClaimCache) -> tuple[JobView, ...]:
+    """Views of the runner-looking jobs (those with a pool Meta), reusing unchanged ones."""
+    known = cache.jobs
+    seen: dict[str, tuple[int, JobView]] = {}
+    views: list[JobView] = []
+    for stub in stubs:
+        if not (stub.get("Meta") or {}).get(META_POOL):
+            continue
+        job_id, index = stub.get("ID"), stub.get("ModifyIndex")
+        hit = known.get(job_id) if isinstance(job_id, str) else None
+        if hit is None or hit[0] != index or not isinstance(index, int):
+            hit = (index if isinstance(index, int) else -1, JobView.from_stub(stub))
+        if isinstance(job_id, str):
+            seen[job_id] = hit
+        views.append(hit[1])
+    cache.jobs = seen
+    return tuple(views)
 
 
 async def read_claims(

@@ -21,7 +21,12 @@ from typing import Any
 
 from controller.engine import breaker as breakers
 from controller.engine.classify import classify
-from controller.engine.observe import ClaimCache, observe_namespace, read_claims
+from controller.engine.observe import (
+    ClaimCache,
+    NamespaceObservation,
+    observe_namespace,
+    read_claims,
+)
 from controller.engine.plan import Destroy, DestroyReason, Plan, plan
 from controller.engine.status import PoolStatus, compute_status, count, needs_write
 from controller.engine.types import (
@@ -61,6 +66,7 @@ Clock = Callable[[], datetime]
 StatusSink = Callable[[str, PoolStatus], Awaitable[None] | None]
 
 COALESCE_SECONDS = 0.02
+MAX_COALESCE_SECONDS = 0.25
 # Runner states whose classification does not depend on the clock (see Engine._classify).
 _CLOCK_FREE_STATES = frozenset({RunnerState.IDLE, RunnerState.OUTDATED, RunnerState.TERMINATING})
 APPLY_CONCURRENCY = 32
@@ -149,6 +155,16 @@ class Engine:
         self.pools: dict[str, ManagedPool] = {}
         self._order = itertools.count()
         self._caches: dict[str, ClaimCache] = {}
+        # namespace -> (policies, observation, split) of the last pass, see _split.
+        self._splits: dict[
+            str,
+            tuple[
+                list[PoolPolicy],
+                NamespaceObservation,
+                dict[str, PoolObservation],
+                list[JobView],
+            ],
+        ] = {}
         self._wake: dict[str, asyncio.Event] = {}
         self._loops: dict[str, asyncio.Task[None]] = {}
         self._pass_lock: dict[str, asyncio.Lock] = {}
@@ -370,7 +386,7 @@ class Engine:
         while True:
             try:
                 await asyncio.wait_for(wake.wait(), timeout=self._sleep_seconds(namespace))
-                await asyncio.sleep(COALESCE_SECONDS)
+                await asyncio.sleep(self._coalesce_seconds(namespace))
             except TimeoutError:
                 pass
             wake.clear()
@@ -382,6 +398,17 @@ class Engine:
             except Exception:
                 log.exception("reconcile of namespace %s crashed; retrying", namespace)
                 await asyncio.sleep(min(1.0, self.resync_seconds))
+
+    def _coalesce_seconds(self, namespace: str) -> float:
+        """How long hints are gathered before a pass: COALESCE_SECONDS, or twice as long as
+        the last pass took (at most MAX_COALESCE_SECONDS). Under a stream of hints (a claim
+        burst) passes then use at most about a third of the event loop, which the claim
+        API shares, instead of running back to back; small namespaces, whose passes take
+        a few milliseconds, keep the short window (and a quick refill)."""
+        last = self.passes.get(namespace)
+        if last is None:
+            return COALESCE_SECONDS
+        return min(MAX_COALESCE_SECONDS, max(COALESCE_SECONDS, 2 * last.seconds))
 
     def _sleep_seconds(self, namespace: str) -> float:
         """Until the resync, or until the next claim deadline if that comes first, so an
@@ -403,6 +430,11 @@ class Engine:
             self.client, namespace, self._caches.setdefault(namespace, ClaimCache())
         )
         return claims
+
+    def remember_claim(self, record: ClaimRecord) -> None:
+        """A claim variable this process just wrote (the claim API): the next pass takes it
+        from the cache instead of reading it back from Nomad."""
+        self._caches.setdefault(record.namespace, ClaimCache()).remember(record)
 
     # ---- one pass ----------------------------------------------------------------------
 
@@ -432,13 +464,7 @@ class Engine:
         ]
         self._deadlines[namespace] = min(upcoming, default=now + timedelta(days=1))
         pools = self.active_pools(namespace)
-        by_pool, orphans = split_observation(
-            [m.policy for m in pools],
-            observed.jobs,
-            observed.allocations,
-            observed.claims,
-            observed.malformed_claims,
-        )
+        by_pool, orphans = self._split(namespace, [m.policy for m in pools], observed)
         if self.reconcile:
             self._take_orphans(namespace, orphans)
             for managed in pools:
@@ -460,6 +486,30 @@ class Engine:
             destroyed=sum(o.destroyed for o in outcomes),
             errors=sum(o.errors for o in outcomes),
         )
+
+    def _split(
+        self, namespace: str, policies: list[PoolPolicy], observed: NamespaceObservation
+    ) -> tuple[dict[str, PoolObservation], list[JobView]]:
+        """Share the observation among the pools; when neither the policies nor anything
+        observed changed since the last pass (the usual steady state), the last split is
+        reused. The comparison is cheap: unchanged views are the same objects."""
+        cached = self._splits.get(namespace)
+        if (
+            cached is not None
+            and len(cached[0]) == len(policies)
+            and all(a is b for a, b in zip(cached[0], policies, strict=True))
+            and cached[1] == observed
+        ):
+            return cached[2], cached[3]
+        by_pool, orphans = split_observation(
+            policies,
+            observed.jobs,
+            observed.allocations,
+            observed.claims,
+            observed.malformed_claims,
+        )
+        self._splits[namespace] = (policies, observed, by_pool, orphans)
+        return by_pool, orphans
 
     async def _reconcile_pool(
         self,
@@ -667,7 +717,5 @@ class Engine:
             )
         except NomadConflict:
             return False
-        self._caches.setdefault(record.namespace, ClaimCache()).remember(
-            ClaimRecord.from_variable(stored)
-        )
+        self.remember_claim(ClaimRecord.from_variable(stored))
         return True

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import threading
 from collections.abc import Callable
@@ -100,6 +101,25 @@ def _never_sent(err: BaseException) -> bool:
         # Connection refused, unreachable, DNS failure: urllib3 never wrote a byte.
         return isinstance(reason, urllib3.exceptions.NewConnectionError)
     return False
+
+
+def _session(address: str, verify: bool | str) -> tuple[requests.Session, bool | str]:
+    """A Session that reads the environment once instead of on every request.
+
+    With `trust_env` on, requests scans the whole process environment for proxy settings
+    (and looks for a .netrc) on every call, about a fifth of a call's CPU. Every call of
+    this client goes to one address, so the same settings are taken once here: the
+    proxies the environment names for that address (HTTP(S)_PROXY, NO_PROXY) and, when
+    verification uses the default CA store, REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE as
+    requests itself would. A .netrc is no longer consulted: Nomad authenticates with the
+    token header, never with basic auth.
+    """
+    session = requests.Session()
+    session.trust_env = False
+    session.proxies.update(requests.utils.get_environ_proxies(address))
+    if verify is True:
+        verify = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
+    return session, verify
 
 
 class NomadClient:
@@ -321,12 +341,12 @@ class NomadClient:
         if found is not None:
             return found
         cfg = self._config
-        session = requests.Session()
+        session, verify = _session(cfg.address, cfg.verify)
         settings: dict[str, Any] = {
             "address": cfg.address,
             "token": cfg.token,
             "timeout": self._timeout,
-            "verify": cfg.verify,
+            "verify": verify,
             "cert": cfg.cert,
             "region": cfg.region,
             # Every call passes its namespace explicitly; never add a default one.

@@ -176,7 +176,11 @@ async def test_drain_waits_for_claimed_runners_and_resumes_after_restart(
     # A restarted controller resumes the drain from its record in Nomad.
     await harness.stop(controller)
     restarted = await harness.start(pools)
-    assert "default/gone" in restarted.engine.pools
+
+    async def resumed() -> bool:
+        return "default/gone" in restarted.engine.pools
+
+    await wait_until(resumed, what="the recorded drain to be resumed")
     status, _ = await harness.api(restarted, "DELETE", f"/v1/runners/{claim['runnerId']}")
     assert status == 204
 

@@ -1,0 +1,67 @@
+"""Plot `poolkeeper bench --json` output: claim latency and reconcile time against size.
+
+    .venv/bin/pip install matplotlib   # only for this script; not a dependency
+    .venv/bin/python scripts/plot_bench.py bench.json docs/performance-claims-reconcile.png
+
+Not part of `make test`: matplotlib is not among poolkeeper's dependencies.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+
+def main(source: str, target: str) -> None:
+    data: dict[str, float] = json.loads(Path(source).read_text())
+    sizes = sorted(
+        {
+            int(k.split(".")[1].removeprefix("pools_"))
+            for k in data
+            if k.startswith("reconcile.pools_")
+        }
+    )
+    runners = [data[f"reconcile.pools_{n}.runners"] for n in sizes]
+
+    def series(name: str) -> list[float]:
+        return [data[f"reconcile.pools_{n}.{name}"] for n in sizes]
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
+    left.plot(runners, series("pass_ms"), "o-", label="reconcile pass (wall)")
+    left.plot(runners, series("pass_cpu_ms"), "s--", label="reconcile pass (CPU)")
+    left.plot(runners, series("floor_ms"), "^-", label="I/O floor: the 3 list calls")
+    for x, n, ratio in zip(runners, sizes, series("floor_ratio"), strict=True):
+        left.annotate(f"{n} pools\nratio {ratio:.2f}", (x, data[f"reconcile.pools_{n}.pass_ms"]),
+                      textcoords="offset points", xytext=(6, -22), fontsize=8)  # fmt: skip
+    left.set_xscale("log")
+    left.set_yscale("log")
+    left.set_xlabel("runners (pools x 100)")
+    left.set_ylabel("ms")
+    left.set_title("steady-state reconcile pass")
+    left.grid(True, which="both", alpha=0.3)
+    left.legend(fontsize=8)
+
+    right.plot(runners, series("claim_p50_ms"), "o-", label="claim p50 (HTTP, sequential)")
+    right.plot(runners, series("claim_p99_ms"), "s-", label="claim p99 (HTTP, sequential)")
+    right.axhline(data["claim.bare_write.p50_ms"], color="grey", ls=":",
+                  label="bare Variables write p50 (same client)")  # fmt: skip
+    right.set_xscale("log")
+    right.set_xlabel("runners in the controller (pools x 100)")
+    right.set_ylabel("ms")
+    right.set_ylim(bottom=0)
+    right.set_title("claim latency against pool size")
+    right.grid(True, which="both", alpha=0.3)
+    right.legend(fontsize=8)
+    figure.suptitle("poolkeeper bench (simulator on loopback, 2 cores)", fontsize=10)
+    figure.tight_layout()
+    figure.savefig(target)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
