@@ -19,7 +19,6 @@ from typing import Any
 
 from controller.engine.reconciler import Engine, ManagedPool
 from controller.engine.types import (
-    CLAIMS_PREFIX,
     ClaimRecord,
     ClaimState,
     MalformedClaim,
@@ -148,6 +147,10 @@ class ClaimService:
         except ClaimError as error:
             result = {"PoolEmpty": "empty"}.get(error.kind, "rejected")
             raise
+        except NomadError as error:
+            # Whatever Nomad failed at (a read while answering a repeated requestId, an
+            # unexpected conflict), the client gets a 503 to retry, never a 500.
+            raise ClaimError("NomadUnavailable", f"Nomad did not answer: {error}") from None
         finally:
             self.metrics.claims_total.labels(pool=key, result=result).inc()
             self.metrics.claim_duration.observe(time.perf_counter() - started)
@@ -346,10 +349,11 @@ class ClaimService:
             current = None
 
     async def _runner_from_claims(self, namespace: str, request_id: str) -> str | None:
-        for meta in await self.client.list_variables(CLAIMS_PREFIX, namespace):
-            variable = await self.client.read_variable(meta["Path"], namespace)
-            if variable and variable.get("Items", {}).get("requestId") == request_id:
-                return str(meta["Path"]).removeprefix(CLAIMS_PREFIX)
+        """The runner whose claim carries this requestId (claims read through the engine's
+        cache, so only changed variables are read)."""
+        for claim in (await self.engine.read_claims(namespace)).values():
+            if claim.request_id == request_id:
+                return claim.runner_id
         return None
 
     # ---- runner routes -------------------------------------------------------------------

@@ -28,6 +28,7 @@ from controller.engine.observe import (
     read_claims,
 )
 from controller.engine.plan import Destroy, DestroyReason, Plan, plan
+from controller.engine.requests_gc import collect_abandoned_requests
 from controller.engine.status import PoolStatus, compute_status, count, needs_write
 from controller.engine.types import (
     ClaimRecord,
@@ -70,6 +71,8 @@ MAX_COALESCE_SECONDS = 0.25
 # Runner states whose classification does not depend on the clock (see Engine._classify).
 _CLOCK_FREE_STATES = frozenset({RunnerState.IDLE, RunnerState.OUTDATED, RunnerState.TERMINATING})
 APPLY_CONCURRENCY = 32
+# Abandoned request records are looked for this often (one extra list call per namespace).
+REQUEST_GC_SECONDS = 30.0
 
 
 def utcnow() -> datetime:
@@ -151,6 +154,7 @@ class Engine:
         self.protected: set[str] = set()
         self._drain_records: dict[str, int] = {}  # pool key -> ModifyIndex of its record
         self._cancelled_drains: set[str] = set()
+        self._requests_collected: dict[str, float] = {}  # namespace -> time.monotonic()
         self._reported_orphans: set[str] = set()
         self.pools: dict[str, ManagedPool] = {}
         self._order = itertools.count()
@@ -479,6 +483,8 @@ class Engine:
             if managed.policy.nomad_namespace == namespace and managed.problem is not None:
                 await self._publish(managed, [], now)
         await self._finish_drains(pools)
+        if self.reconcile:
+            await self._collect_requests(namespace, observed, now)
         return PassResult(
             namespace,
             time.perf_counter() - started,
@@ -486,6 +492,20 @@ class Engine:
             destroyed=sum(o.destroyed for o in outcomes),
             errors=sum(o.errors for o in outcomes),
         )
+
+    async def _collect_requests(
+        self, namespace: str, observed: NamespaceObservation, now: datetime
+    ) -> None:
+        """Every REQUEST_GC_SECONDS: delete request records no claim carries any more
+        (a claimer died between the record and the claim). Never fails the pass."""
+        due = self._requests_collected.get(namespace, -REQUEST_GC_SECONDS) + REQUEST_GC_SECONDS
+        if time.monotonic() < due:
+            return
+        self._requests_collected[namespace] = time.monotonic()
+        try:
+            await collect_abandoned_requests(self.client, namespace, observed.claims.values(), now)
+        except NomadError as error:
+            log.warning("collecting abandoned request records in %s: %s", namespace, error)
 
     def _split(
         self, namespace: str, policies: list[PoolPolicy], observed: NamespaceObservation
