@@ -90,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     chaos.add_argument("--minutes", type=float, default=5.0)
     chaos.add_argument("--seed", type=int, default=1)
     chaos.add_argument("--json", dest="json_file")
+    chaos.add_argument("--markdown", help="write docs/reliability.md from the report")
+    chaos.add_argument("--workdir", help="keep the controller logs in this folder")
     chaos.set_defaults(handler=_command("controller.chaos"))
 
     status = commands.add_parser("status", help="a live table of a controller's pools")

@@ -3,10 +3,14 @@ and JSON request bodies."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 from aiohttp import web
+
+# Seconds a request body may take to arrive after its headers.
+BODY_READ_TIMEOUT_SECONDS = 30.0
 
 
 class ApiError(Exception):
@@ -38,14 +42,21 @@ def invalid_request(message: str) -> ApiError:
 
 
 async def read_json(request: web.Request) -> dict[str, Any]:
-    """The request body as a JSON object; an empty body is an empty object."""
-    raw = await request.read()
+    """The request body as a JSON object; an empty body is an empty object. A body that
+    takes longer than BODY_READ_TIMEOUT_SECONDS to arrive (a slow-loris client) is 408."""
+    try:
+        raw = await asyncio.wait_for(request.read(), BODY_READ_TIMEOUT_SECONDS)
+    except TimeoutError:
+        raise ApiError(
+            408, "RequestTimeout", f"the body did not arrive within {BODY_READ_TIMEOUT_SECONDS:g} s"
+        ) from None
     if not raw.strip():
         return {}
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise invalid_request(f"body is not valid JSON: {error}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as error:
+        # RecursionError: a few thousand "[" fit in the size limit and nest too deep.
+        raise invalid_request(f"body is not valid JSON: {type(error).__name__}") from None
     if not isinstance(body, dict):
         raise invalid_request("body must be a JSON object")
     return body

@@ -160,6 +160,7 @@ def document() -> dict[str, Any]:
                         "400": _error("invalid request"),
                         "404": _error("unknown pool"),
                         "409": _error("requestId used for another pool"),
+                        "408": _error("the body did not arrive in time"),
                         "410": _error("the runner of this requestId is gone"),
                         "413": _error("body too large"),
                         **_COMMON_ERRORS,

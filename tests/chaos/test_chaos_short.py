@@ -1,0 +1,44 @@
+"""The short seeded chaos soak of `make test` (the long one: `poolkeeper chaos`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from controller.chaos import FAULT_KINDS, Profile, make_schedule, run_chaos
+
+SEED = 7
+MINUTES = 0.5  # one round: about 20-30 s on a shared 2-core machine
+
+
+def test_the_schedule_comes_from_the_seed_alone() -> None:
+    profile = Profile.for_minutes(30)
+    first = make_schedule(1, 30, profile)
+    assert first == make_schedule(1, 30, profile)
+    assert first != make_schedule(2, 30, profile)
+    assert len(first) >= 50  # twice what 30 minutes need; a run plays a prefix
+    # A long run injects every fault class the simulator offers, and SIGKILLs.
+    kinds = {event.kind for round_ in first for event in round_.events}
+    assert kinds == set(FAULT_KINDS)
+    for round_ in first:
+        assert all(0 < e.at < profile.window_seconds for e in round_.events)
+        assert all(e.at + e.duration <= profile.window_seconds + 1e-9 for e in round_.events)
+
+
+def test_every_short_run_restarts_the_controller() -> None:
+    for seed in range(20):
+        schedule = make_schedule(seed, MINUTES, Profile.for_minutes(MINUTES))
+        assert any(e.kind == "sigkill" for e in schedule[0].events)
+
+
+async def test_short_soak_holds_every_invariant(tmp_path: Path) -> None:
+    report = await run_chaos(SEED, MINUTES, tmp_path)
+    assert report["invariant_violations"] == [], report["invariant_violations"]
+    assert report["double_claims"] == 0
+    assert report["claims_lost"] == 0
+    assert report["runners_leaked"] == 0
+    assert report["controller_restarts"] >= 1
+    assert report["claims_served"] >= 5
+    assert sum(report["faults_injected"].values()) >= 8
+    # Every pool converged after the round (one sample per pool).
+    assert report["convergence_samples"] == 3 * report["rounds"]
+    assert all(excess == 0 for excess in report["max_runners_excess"].values())
