@@ -53,9 +53,15 @@ from controller.model import (
     immutable_changes,
     pool_key,
 )
-from controller.nomad.config import ConfigError, NomadConfig
+from controller.nomad.config import NomadConfig
 from controller.nomad.errors import NomadError
-from controller.service import Service, ServiceSettings, parse_listen
+from controller.service import (
+    Service,
+    ServiceSettings,
+    nomad_config_from_env,
+    parse_listen,
+    start_logging,
+)
 from controller.standalone import DELETION_MODES
 
 log = logging.getLogger(__name__)
@@ -889,14 +895,9 @@ async def run(
 
 
 def main(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    start_logging()
     options = options_from_args(args)
-    try:
-        nomad = NomadConfig.from_env(os.environ)
-    except ConfigError as error:
-        raise UsageError(str(error)) from None
+    nomad = nomad_config_from_env()
     log.info(
         "poolkeeper operator: %s, peering %s (priority %d, lifetime %d s)",
         ", ".join(options.namespaces) or "all namespaces",

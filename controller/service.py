@@ -20,7 +20,7 @@ from controller.cli import UsageError
 from controller.engine.reconciler import Clock, Engine, StatusSink, utcnow
 from controller.metrics import Metrics
 from controller.nomad.client import NomadClient
-from controller.nomad.config import NomadConfig
+from controller.nomad.config import ConfigError, NomadConfig
 from controller.nomad.errors import NomadError
 from controller.nomad.events import EventWatcher
 
@@ -37,6 +37,20 @@ def parse_listen(value: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise UsageError(f"--listen {value!r} is not HOST:PORT")
     return host.strip("[]"), int(port)
+
+
+def start_logging() -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+def nomad_config_from_env() -> NomadConfig:
+    """The Nomad CLI's environment variables; a bad value is a usage error (exit 2)."""
+    try:
+        return NomadConfig.from_env(os.environ)
+    except ConfigError as error:
+        raise UsageError(str(error)) from None
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,10 +13,16 @@ from controller.cli import UsageError
 from controller.engine.reconciler import Clock, utcnow
 from controller.engine.types import PoolMode
 from controller.model import DeletionPolicy, RunnerPool
-from controller.nomad.config import ConfigError, NomadConfig
+from controller.nomad.config import NomadConfig
 from controller.pools_file import ConfigError as PoolPathError
 from controller.pools_file import load_pools, reload
-from controller.service import Service, ServiceSettings, parse_listen
+from controller.service import (
+    Service,
+    ServiceSettings,
+    nomad_config_from_env,
+    parse_listen,
+    start_logging,
+)
 
 log = logging.getLogger(__name__)
 
@@ -125,13 +130,7 @@ async def serve(controller: Controller) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    start_logging()
     settings = settings_from_args(args)
-    try:
-        nomad = NomadConfig.from_env(os.environ)
-    except ConfigError as error:
-        raise UsageError(str(error)) from None
-    asyncio.run(serve(Controller(settings, nomad)))
+    asyncio.run(serve(Controller(settings, nomad_config_from_env())))
     return 0
