@@ -188,3 +188,52 @@ async def test_tokens_never_appear_in_logs_metrics_or_errors(tmp_path):
             assert API_TOKEN not in everything
     finally:
         await server.stop()
+
+
+async def test_claims_and_idle_count_survive_a_sigkill(sim_server, tmp_path):
+    pools = write_pools(tmp_path / "pools.yaml", pool_doc("py", idle=3))
+    process = Process(pools, sim_server.url, tmp_path)
+    process.start()
+    auth = {"Authorization": f"Bearer {API_TOKEN}"}
+    async with aiohttp.ClientSession() as http:
+
+        async def idle_count(url: str) -> int:
+            async with http.get(url + "/v1/pools", headers=auth) as response:
+                pools_now = (await response.json())["pools"]
+                return int(pools_now[0]["status"].get("idleRunners", 0)) if pools_now else 0
+
+        await wait_until(process.ready, within=30, what="the controller")
+
+        async def three_idle_after(url: str) -> bool:
+            return await idle_count(url) == 3
+
+        await wait_until(lambda: three_idle_after(process.url), within=30, what="the fill")
+        claims_url = process.url + "/v1/pools/default/py/claims"
+        async with http.post(
+            claims_url, json={"requestId": "kept-1", "inactivityTimeoutSeconds": 600}, headers=auth
+        ) as response:
+            assert response.status == 201
+            claim = await response.json()
+        await wait_until(lambda: three_idle_after(process.url), within=30, what="the refill")
+        assert await process.signal(signal.SIGKILL) == -signal.SIGKILL
+
+        restarted = Process(pools, sim_server.url, tmp_path)
+        restarted.start()
+        try:
+            await wait_until(restarted.ready, within=30, what="the restarted controller")
+            await wait_until(
+                lambda: three_idle_after(restarted.url), within=30, what="the same idle count"
+            )
+            async with http.get(
+                f"{restarted.url}/v1/runners/{claim['runnerId']}", headers=auth
+            ) as response:
+                assert (response.status, await response.json()) == (200, claim)
+            # The same requestId, after the restart, answers the same claim.
+            async with http.post(
+                restarted.url + "/v1/pools/default/py/claims",
+                json={"requestId": "kept-1"},
+                headers=auth,
+            ) as response:
+                assert (response.status, await response.json()) == (200, claim)
+        finally:
+            assert await restarted.signal(signal.SIGTERM) == 0
