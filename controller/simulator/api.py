@@ -106,15 +106,20 @@ def namespace_of(request: web.Request) -> str:
 
 
 async def read_json(request: web.Request, required: bool = True) -> Any:
-    raw = await request.read()
+    try:
+        raw = await request.read()
+    except ConnectionResetError:
+        # The client died mid-body (a SIGKILLed controller): nothing was applied, and the
+        # answer reaches no one; say so instead of logging a traceback.
+        raise bad_request("client closed the connection before sending the body") from None
     if not raw.strip():
         if required:
             raise bad_request("Request body is empty")
         return None
     try:
         return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise bad_request(f"Failed to decode request body: {exc}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise bad_request(f"Failed to decode request body: {type(exc).__name__}") from None
 
 
 class Api:
