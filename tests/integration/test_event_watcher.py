@@ -18,6 +18,7 @@ from aiohttp import web
 
 from controller.nomad.config import NomadConfig
 from controller.nomad.events import EventWatcher
+from tests.integration.fake_http import multi_query, serve_app
 from tests.integration.test_nomad_client import make_tls, server_context
 
 TOKEN = "6b1d-event-token-never-to-be-seen"
@@ -109,9 +110,7 @@ async def serve() -> AsyncIterator[Callable[..., Awaitable[FakeStream]]]:
         fake = FakeStream()
 
         async def handle(request: web.Request) -> web.StreamResponse:
-            query: dict[str, list[str]] = {}
-            for key, value in request.query.items():
-                query.setdefault(key, []).append(value)
+            query = multi_query(request)
             n = len(fake.connects)
             fake.connects.append(
                 Connect(time.monotonic(), query, request.headers.get("X-Nomad-Token"))
@@ -123,13 +122,7 @@ async def serve() -> AsyncIterator[Callable[..., Awaitable[FakeStream]]]:
 
         app = web.Application()
         app.router.add_get("/v1/event/stream", handle)
-        runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await runner.setup()
-        runners.append(runner)
-        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context)
-        await site.start()
-        port = runner.addresses[0][1]
-        fake.url = f"{'https' if ssl_context else 'http'}://127.0.0.1:{port}"
+        fake.url = await serve_app(app, runners, ssl_context)
         return fake
 
     yield start

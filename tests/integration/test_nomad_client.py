@@ -24,6 +24,7 @@ from controller.nomad.errors import (
     NomadPermissionDenied,
     NomadUnavailable,
 )
+from tests.integration.fake_http import multi_query, serve_app
 
 TOKEN = "9f3c1e2a-token-never-to-be-seen"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -59,9 +60,7 @@ async def serve() -> AsyncIterator[Callable[..., Awaitable[FakeNomad]]]:
 
         async def dispatch(request: web.Request) -> web.StreamResponse:
             raw = await request.read()
-            query: dict[str, list[str]] = {}
-            for key, value in request.query.items():
-                query.setdefault(key, []).append(value)
+            query = multi_query(request)
             fake.seen.append(
                 Seen(
                     request.method,
@@ -79,13 +78,7 @@ async def serve() -> AsyncIterator[Callable[..., Awaitable[FakeNomad]]]:
 
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", dispatch)
-        runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await runner.setup()
-        runners.append(runner)
-        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context)
-        await site.start()
-        port = runner.addresses[0][1]
-        fake.url = f"{'https' if ssl_context else 'http'}://127.0.0.1:{port}"
+        fake.url = await serve_app(app, runners, ssl_context)
         return fake
 
     yield start
