@@ -1,12 +1,14 @@
-"""An async facade over python-nomad for the few calls poolkeeper makes.
+"""An async Nomad client for the few calls poolkeeper makes, on aiohttp.
 
-Threads and sessions: python-nomad is synchronous and built on `requests.Session`, which
-is not documented as thread-safe. Every worker thread of a bounded ThreadPoolExecutor
-therefore lazily builds its own set of python-nomad endpoint objects sharing one
-per-thread Session; the Session keeps its connections alive, so a call costs one HTTP
-round trip plus an executor hop. The endpoint objects are built directly rather than
-through `nomad.Nomad(...)`, which would fall back to the process environment for the
-token, namespace, region and client certificate and so ignore the given NomadConfig.
+Transport: one aiohttp session on the event loop, created on first use, with at most
+`max_connections` connections kept alive; a call beyond that waits for a free one. The
+event stream (events.py) uses the same TLS context and proxy, so both transports trust
+the same servers. The token travels only in the X-Nomad-Token header.
+
+Why not python-nomad: it is synchronous (on `requests`), so every call needed a worker
+thread and its own Session, and under a claim burst those threads cost about twice the CPU
+of the request itself and competed with the event loop for the GIL (docs/performance.md
+has the numbers). python-nomad's own test suite still runs against the simulator.
 
 Retries: reads (and the idempotent purge and unconditional variable delete) are retried
 on NomadUnavailable with exponential backoff and jitter. Other writes are retried only
@@ -16,30 +18,27 @@ after sending) is not retried: a retry that succeeded the first time would come 
 a conflict and look like a lost race, so the caller gets NomadUnavailable with
 `maybe_applied=True` and decides from a fresh read.
 
-Timeouts: the per-call timeout applies to connecting and to each read of the response
-(requests' semantics); a call is never abandoned half-way by the event loop, so a write
-that returns has really finished.
+Timeouts: `timeout` bounds connecting and each wait for response data, not the whole
+call, so a large list that keeps arriving is not cut off.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
-import os
 import random
-import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+import re
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-import nomad.api
-import requests
-import urllib3.exceptions
-from nomad.api.exceptions import BaseNomadException
-from nomad.api.status import Leader
+import aiohttp
+from aiohttp.helpers import get_env_proxy_for_url
+from yarl import URL
 
 from controller.nomad.config import NomadConfig
 from controller.nomad.errors import (
@@ -66,17 +65,6 @@ class _Retry(Enum):
     NEVER = "never"
 
 
-@dataclass(slots=True, repr=False)  # python-nomad's endpoint reprs include the token
-class _Requesters:
-    session: requests.Session
-    jobs: Any
-    job: Any
-    allocations: Any
-    variable: Any
-    variables: Any
-    leader: Any
-
-
 @dataclass(slots=True)
 class _Outcome:
     code: str  # for the metrics hook: HTTP status or "error"
@@ -86,72 +74,116 @@ class _Outcome:
     retryable: bool = True
 
 
+@dataclass(frozen=True, slots=True)
+class Proxy:
+    """The HTTP(S) proxy the environment names for the Nomad address, if any."""
+
+    url: URL | None = None
+    auth: aiohttp.BasicAuth | None = None
+
+    @classmethod
+    def for_address(cls, address: str) -> Proxy:
+        """HTTP_PROXY / HTTPS_PROXY / NO_PROXY, read once: aiohttp's `trust_env` would
+        read the whole environment again on every request."""
+        try:
+            url, auth = get_env_proxy_for_url(URL(address))
+        except LookupError:
+            return cls()
+        return cls(url, auth)
+
+
+def tls_connector(config: NomadConfig, limit: int = 100) -> aiohttp.TCPConnector:
+    """A connector trusting what `config` says (NOMAD_CACERT, NOMAD_SKIP_VERIFY, client
+    certificate); shared by the API calls and the event stream."""
+    context = config.ssl_context()
+    return aiohttp.TCPConnector(limit=limit, ssl=context if context is not None else False)
+
+
+_DECODER = json.JSONDecoder()
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+_LARGE_BODY = 64 * 1024
+_DECODE_SLICE_SECONDS = 0.002
+
+
+async def decode_json(raw: bytes) -> Any:
+    """`json.loads(raw)`, except that a large array is decoded element by element,
+    handing the event loop back every couple of milliseconds.
+
+    A list of a few thousand allocations is megabytes of JSON, and decoding it in one
+    call held the loop for 10 to 40 ms in every reconcile pass: a claim arriving then
+    waited that long. Raises ValueError for what is not JSON, as json.loads does.
+    """
+    if len(raw) < _LARGE_BODY:
+        return json.loads(raw)
+    text = raw.decode()
+    position = _skip_space(text, 0)
+    if not text.startswith("[", position):
+        return json.loads(text)
+    items: list[Any] = []
+    position = _skip_space(text, position + 1)
+    closed = text.startswith("]", position)
+    if closed:
+        position = _skip_space(text, position + 1)
+    sliced = time.perf_counter()
+    while not closed:
+        item, position = _DECODER.raw_decode(text, position)
+        items.append(item)
+        position = _skip_space(text, position)
+        separator = text[position : position + 1]
+        if separator not in (",", "]"):
+            raise ValueError(f"expected ',' or ']' at {position} of a JSON array")
+        position = _skip_space(text, position + 1)
+        closed = separator == "]"
+        if time.perf_counter() - sliced > _DECODE_SLICE_SECONDS:
+            await asyncio.sleep(0)
+            sliced = time.perf_counter()
+    if position != len(text):
+        raise ValueError(f"extra data after the JSON array at {position}")
+    return items
+
+
+def _skip_space(text: str, position: int) -> int:
+    match = _WHITESPACE.match(text, position)
+    return match.end() if match else position
+
+
 def _scrub(text: str, token: str | None) -> str:
     if token:
         text = text.replace(token, "<redacted>")
     return text
 
 
-def _never_sent(err: BaseException) -> bool:
-    """True when the request cannot have reached Nomad (so any write may be resent)."""
-    if isinstance(err, requests.exceptions.ConnectTimeout | requests.exceptions.SSLError):
-        return True
-    if isinstance(err, requests.exceptions.ConnectionError) and err.args:
-        reason = getattr(err.args[0], "reason", None)
-        # Connection refused, unreachable, DNS failure: urllib3 never wrote a byte.
-        return isinstance(reason, urllib3.exceptions.NewConnectionError)
-    return False
-
-
-def _session(address: str, verify: bool | str) -> tuple[requests.Session, bool | str]:
-    """A Session that reads the environment once instead of on every request.
-
-    With `trust_env` on, requests scans the whole process environment for proxy settings
-    (and looks for a .netrc) on every call, about a fifth of a call's CPU. Every call of
-    this client goes to one address, so the same settings are taken once here: the
-    proxies the environment names for that address (HTTP(S)_PROXY, NO_PROXY) and, when
-    verification uses the default CA store, REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE as
-    requests itself would. A .netrc is no longer consulted: Nomad authenticates with the
-    token header, never with basic auth.
-    """
-    session = requests.Session()
-    session.trust_env = False
-    session.proxies.update(requests.utils.get_environ_proxies(address))
-    if verify is True:
-        verify = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
-    return session, verify
-
-
 class NomadClient:
-    """Async Nomad calls; see the module docstring for threading and retry rules."""
+    """Async Nomad calls; see the module docstring for the transport and retry rules."""
 
     def __init__(
         self,
         config: NomadConfig,
         *,
-        max_workers: int = 16,
+        max_connections: int = 16,
         timeout: float = 10.0,
         on_request: OnRequest | None = None,
         attempts: int = 4,
         backoff_base: float = 0.1,
         backoff_max: float = 2.0,
     ) -> None:
-        if max_workers < 1 or attempts < 1 or timeout <= 0:
-            raise ValueError("max_workers and attempts must be >= 1, timeout > 0")
+        if max_connections < 1 or attempts < 1 or timeout <= 0:
+            raise ValueError("max_connections and attempts must be >= 1, timeout > 0")
         self._config = config
-        self._timeout = timeout
+        self._max_connections = max_connections
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
         self._on_request = on_request
         self._attempts = attempts
         self._backoff_base = backoff_base
         self._backoff_max = backoff_max
-        self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="nomad-client")
-        self._local = threading.local()
-        self._sessions: list[requests.Session] = []
-        self._sessions_lock = threading.Lock()
+        self._proxy = Proxy.for_address(config.address)
+        self._params: dict[str, str] = {"region": config.region} if config.region else {}
+        self._session: aiohttp.ClientSession | None = None
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._closed = False
         if config.skip_verify and config.secure:
-            # urllib3 would warn on every request; say it once instead.
-            urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
             log.warning("TLS certificate verification is off (NOMAD_SKIP_VERIFY)")
 
     def __repr__(self) -> str:
@@ -162,7 +194,7 @@ class NomadClient:
     async def list_jobs(self, namespace: str, prefix: str = "") -> list[dict[str, Any]]:
         """Job stubs with Meta (`meta=true`) whose ID starts with `prefix`; consistent read."""
         params = {"namespace": namespace, "meta": "true", "prefix": prefix or None}
-        return await self._list("jobs", "/v1/jobs", params)
+        return await self._list("/v1/jobs", "/v1/jobs", params)
 
     async def list_allocations(
         self, namespace: str, prefix: str = "", *, job_prefix: str = ""
@@ -174,7 +206,7 @@ class NomadClient:
         works against any server without go-bexpr filters).
         """
         params = {"namespace": namespace, "task_states": "true", "prefix": prefix or None}
-        allocs = await self._list("allocations", "/v1/allocations", params)
+        allocs = await self._list("/v1/allocations", "/v1/allocations", params)
         if job_prefix:
             allocs = [a for a in allocs if str(a.get("JobID", "")).startswith(job_prefix)]
         return allocs
@@ -191,7 +223,7 @@ class NomadClient:
         namespace = job.get("Namespace")
         params = {"namespace": namespace} if namespace else {}
         outcome = await self._call(
-            "POST", "/v1/jobs", "jobs", (), params, json=body, retry=_Retry.IF_NOT_APPLIED
+            "POST", "/v1/jobs", "/v1/jobs", params, json=body, retry=_Retry.IF_NOT_APPLIED
         )
         return dict(outcome.body or {})
 
@@ -199,18 +231,20 @@ class NomadClient:
         """Stop and purge a job; a job that is already gone is success."""
         params = {"namespace": namespace, "purge": "true"}
         with contextlib.suppress(NomadNotFound):
-            await self._call("DELETE", "/v1/job/:id", "job", (job_id,), params, retry=_Retry.ALWAYS)
+            await self._call(
+                "DELETE", "/v1/job/:id", f"/v1/job/{job_id}", params, retry=_Retry.ALWAYS
+            )
 
     async def list_variables(self, prefix: str, namespace: str) -> list[dict[str, Any]]:
         """Variable metadata (no Items) under `prefix`; consistent read."""
         params = {"namespace": namespace, "prefix": prefix or None}
-        return await self._list("variables", "/v1/vars", params)
+        return await self._list("/v1/vars", "/v1/vars", params)
 
     async def read_variable(self, path: str, namespace: str) -> dict[str, Any] | None:
         """The variable at `path` with its Items, or None when it does not exist."""
         try:
             outcome = await self._call(
-                "GET", "/v1/var/:path", "variable", (path,), {"namespace": namespace}
+                "GET", "/v1/var/:path", f"/v1/var/{path}", {"namespace": namespace}
             )
         except NomadNotFound:
             return None
@@ -224,7 +258,7 @@ class NomadClient:
         body = {"Namespace": namespace, "Path": path, "Items": items}
         params = {"namespace": namespace, "cas": str(cas)}
         outcome = await self._call(
-            "PUT", "/v1/var/:path", "variable", (path,), params, json=body,
+            "PUT", "/v1/var/:path", f"/v1/var/{path}", params, json=body,
             retry=_Retry.IF_NOT_APPLIED,
         )  # fmt: skip
         return dict(outcome.body)
@@ -239,30 +273,29 @@ class NomadClient:
         retry = _Retry.ALWAYS if cas is None else _Retry.IF_NOT_APPLIED
         with contextlib.suppress(NomadNotFound):
             await self._call(
-                "DELETE", "/v1/var/:path", "variable", (path,), params, retry=retry,
-                parse=False,
-            )  # fmt: skip
+                "DELETE", "/v1/var/:path", f"/v1/var/{path}", params, retry=retry, parse=False
+            )
 
     async def leader(self) -> str:
         """The leader's RPC address: a cheap reachability probe, tried once."""
-        outcome = await self._call("GET", "/v1/status/leader", "leader", (), {}, retry=_Retry.NEVER)
+        outcome = await self._call(
+            "GET", "/v1/status/leader", "/v1/status/leader", {}, retry=_Retry.NEVER
+        )
         return str(outcome.body)
 
     async def close(self) -> None:
-        """Wait for calls in flight, then close every connection."""
+        """Refuse new calls, wait for those in flight, then close every connection."""
         if self._closed:
             return
         self._closed = True
-        await asyncio.to_thread(self._executor.shutdown, True)
-        with self._sessions_lock:
-            sessions, self._sessions = self._sessions, []
-        for session in sessions:
-            session.close()
+        await self._idle.wait()
+        if self._session is not None:
+            await self._session.close()
 
     # -- plumbing ----------------------------------------------------------------------
 
     async def _list(
-        self, requester: str, template: str, params: dict[str, Any]
+        self, template: str, path: str, params: Mapping[str, str | None]
     ) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
         next_token: str | None = None
@@ -271,7 +304,7 @@ class NomadClient:
             if next_token:
                 page_params["next_token"] = next_token
             # Each page is retried on its own, so a blip on page 5 does not restart the list.
-            outcome = await self._call("GET", template, requester, (), page_params)
+            outcome = await self._call("GET", template, path, page_params)
             items.extend(outcome.body or [])
             next_token = outcome.next_token
             if not next_token:
@@ -281,45 +314,40 @@ class NomadClient:
         self,
         method: str,
         template: str,
-        requester: str,
-        path: tuple[str, ...],
-        params: dict[str, Any],
+        path: str,
+        params: Mapping[str, str | None],
         *,
         json: Any = None,
         retry: _Retry = _Retry.ALWAYS,
         parse: bool = True,
     ) -> _Outcome:
-        loop = asyncio.get_running_loop()
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                outcome = await loop.run_in_executor(
-                    self._executor,
-                    self._send,
-                    method,
-                    template,
-                    requester,
-                    path,
-                    dict(params),
-                    json,
-                    parse,
-                )
-            except RuntimeError as exc:  # executor shut down
-                raise NomadUnavailable(f"{method} {template}: client closed") from exc
-            self._report(template, outcome.code)
-            error = outcome.error
-            if error is None:
-                return outcome
-            if not self._may_retry(error, outcome, retry, attempt):
-                raise error
-            delay = min(self._backoff_max, self._backoff_base * 2 ** (attempt - 1))
-            delay = random.uniform(delay / 2, delay)
-            log.debug(
-                "%s %s failed (%s); attempt %d of %d in %.2fs",
-                method, template, error, attempt + 1, self._attempts, delay,
-            )  # fmt: skip
-            await asyncio.sleep(delay)
+        if self._closed:
+            raise NomadUnavailable(f"{method} {template}: client closed", maybe_applied=False)
+        query = {**self._params, **{k: v for k, v in params.items() if v is not None}}
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            attempt = 0
+            while True:
+                attempt += 1
+                outcome = await self._send(method, template, path, query, json, parse)
+                self._report(template, outcome.code)
+                error = outcome.error
+                if error is None:
+                    return outcome
+                if not self._may_retry(error, outcome, retry, attempt):
+                    raise error
+                delay = min(self._backoff_max, self._backoff_base * 2 ** (attempt - 1))
+                delay = random.uniform(delay / 2, delay)
+                log.debug(
+                    "%s %s failed (%s); attempt %d of %d in %.2fs",
+                    method, template, error, attempt + 1, self._attempts, delay,
+                )  # fmt: skip
+                await asyncio.sleep(delay)
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
 
     def _may_retry(self, error: NomadError, outcome: _Outcome, retry: _Retry, attempt: int) -> bool:
         if attempt >= self._attempts or not outcome.retryable:
@@ -336,94 +364,84 @@ class NomadClient:
         except Exception:  # a metrics hook must never fail a Nomad call
             log.exception("on_request hook failed")
 
-    def _requesters(self) -> _Requesters:
-        found: _Requesters | None = getattr(self._local, "requesters", None)
-        if found is not None:
-            return found
-        cfg = self._config
-        session, verify = _session(cfg.address, cfg.verify)
-        settings: dict[str, Any] = {
-            "address": cfg.address,
-            "token": cfg.token,
-            "timeout": self._timeout,
-            "verify": verify,
-            "cert": cfg.cert,
-            "region": cfg.region,
-            # Every call passes its namespace explicitly; never add a default one.
-            "namespace": None,
-            "session": session,
-        }
-        made = _Requesters(
-            session=session,
-            jobs=nomad.api.Jobs(**settings),
-            job=nomad.api.Job(**settings),
-            allocations=nomad.api.Allocations(**settings),
-            variable=nomad.api.Variable(**settings),
-            variables=nomad.api.Variables(**settings),
-            leader=Leader(**settings),
-        )
-        with self._sessions_lock:
-            self._sessions.append(session)
-        self._local.requesters = made
-        return made
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            token = self._config.token
+            self._session = aiohttp.ClientSession(
+                self._config.address,
+                connector=tls_connector(self._config, self._max_connections),
+                headers={"X-Nomad-Token": token} if token else None,
+                timeout=self._timeout,
+            )
+        return self._session
 
-    def _send(
+    async def _send(
         self,
         method: str,
         template: str,
-        requester: str,
-        path: tuple[str, ...],
-        params: dict[str, Any],
-        json: Any,
+        path: str,
+        query: dict[str, str],
+        json_body: Any,
         parse: bool,
     ) -> _Outcome:
-        """Runs in a worker thread: one HTTP request, never raises for Nomad errors."""
+        """One HTTP request; Nomad's errors come back in the outcome, never raised."""
         where = f"{method} {template}"
-        token = self._config.token
         try:
-            endpoint = getattr(self._requesters(), requester)
-            response = endpoint.request(
-                *path, method=method.lower(), params=params, json=json, timeout=self._timeout
+            async with self._http().request(
+                method,
+                path,
+                params=query,
+                json=json_body,
+                proxy=self._proxy.url,
+                proxy_auth=self._proxy.auth,
+                allow_redirects=False,  # Nomad never redirects; a redirect must not get the token
+            ) as response:
+                status = response.status
+                raw = await response.read()
+                next_token = response.headers.get("X-Nomad-NextToken") or None
+        except aiohttp.ClientSSLError as exc:
+            # A certificate problem does not go away by retrying.
+            err = NomadUnavailable(
+                f"{where}: TLS failed ({self._describe(exc)})", maybe_applied=False
             )
-        except BaseNomadException as exc:
-            return self._failure(where, exc.nomad_resp)
-        except requests.RequestException as exc:  # python-nomad wraps these; be safe
-            return self._failure(where, exc)
-        code = str(response.status_code)
+            return _Outcome("error", error=err, retryable=False)
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            # Refused, unreachable, DNS failure, connect timeout: not a byte was sent.
+            return self._unreachable(where, exc, maybe_applied=False)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            return self._unreachable(where, exc, maybe_applied=True)
+        if status >= 300:
+            return self._http_failure(where, status, raw)
         body: Any = None
         if parse:
             try:
-                body = response.json()
+                body = await decode_json(raw)
             except ValueError:
-                text = _scrub(response.text[:_BODY_LIMIT], token)
-                return _Outcome(code, error=NomadUnavailable(f"{where}: not JSON: {text!r}"))
-        next_token = response.headers.get("X-Nomad-NextToken") or None
-        return _Outcome(code, body=body, next_token=next_token)
+                text = self._text(raw)[:_BODY_LIMIT]
+                return _Outcome(str(status), error=NomadUnavailable(f"{where}: not JSON: {text!r}"))
+        return _Outcome(str(status), body=body, next_token=next_token)
 
-    def _failure(self, where: str, cause: Any) -> _Outcome:
-        token = self._config.token
-        if isinstance(cause, requests.Response):
-            return self._http_failure(where, cause)
-        detail = _scrub(f"{type(cause).__name__}: {cause}", token)[:_BODY_LIMIT]
-        if isinstance(cause, requests.exceptions.SSLError):
-            # A certificate problem does not go away by retrying.
-            err = NomadUnavailable(f"{where}: TLS failed ({detail})", maybe_applied=False)
-            return _Outcome("error", error=err, retryable=False)
+    def _describe(self, exc: BaseException) -> str:
+        return _scrub(f"{type(exc).__name__}: {exc}", self._config.token)[:_BODY_LIMIT]
+
+    def _text(self, raw: bytes) -> str:
+        return _scrub(raw.decode("utf-8", "replace"), self._config.token)
+
+    def _unreachable(self, where: str, exc: BaseException, *, maybe_applied: bool) -> _Outcome:
         err = NomadUnavailable(
-            f"{where}: cannot reach Nomad at {self._config.address} ({detail})",
-            maybe_applied=not _never_sent(cause),
+            f"{where}: cannot reach Nomad at {self._config.address} ({self._describe(exc)})",
+            maybe_applied=maybe_applied,
         )
         return _Outcome("error", error=err)
 
-    def _http_failure(self, where: str, response: requests.Response) -> _Outcome:
-        status = response.status_code
+    def _http_failure(self, where: str, status: int, raw: bytes) -> _Outcome:
         code = str(status)
-        text = _scrub(response.text, self._config.token)
+        text = self._text(raw)
         message = f"{where}: {status} {text[:_BODY_LIMIT].strip()}"
         error: NomadError
         if status == 409:
             try:
-                current = response.json()
+                current = json.loads(raw)
             except ValueError:
                 current = None
             error = NomadConflict(

@@ -8,7 +8,7 @@ reconnect with exponential backoff and jitter from the last seen Index + 1.
 
 python-nomad's stream thread is not used: it reconnects at once from its original index
 and dies silently on other errors. This watcher runs on the event loop with aiohttp,
-with the same TLS settings and token as NomadClient, and reads the NDJSON body in
+with the same TLS settings, proxy and token as NomadClient, and reads the NDJSON body in
 chunks, since a single frame (a plan with many allocations) can exceed aiohttp's
 line-length limit.
 """
@@ -26,6 +26,7 @@ from typing import Any
 
 import aiohttp
 
+from controller.nomad.client import Proxy, tls_connector
 from controller.nomad.config import NomadConfig
 
 log = logging.getLogger(__name__)
@@ -107,8 +108,7 @@ class EventWatcher:
 
     async def _run(self) -> None:
         headers = {"X-Nomad-Token": self._config.token} if self._config.token else {}
-        ssl_ctx = self._config.ssl_context()
-        connector = aiohttp.TCPConnector(ssl=ssl_ctx if ssl_ctx is not None else False)
+        connector = tls_connector(self._config)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=self._read_timeout)
         async with aiohttp.ClientSession(
             connector=connector, headers=headers, timeout=timeout
@@ -136,7 +136,8 @@ class EventWatcher:
         if self._config.region:
             params.append(("region", self._config.region))
         url = f"{self._config.address}/v1/event/stream"
-        async with session.get(url, params=params) as resp:
+        proxy = Proxy.for_address(self._config.address)
+        async with session.get(url, params=params, proxy=proxy.url, proxy_auth=proxy.auth) as resp:
             if resp.status != 200:
                 body = (await resp.text(errors="replace"))[:300].strip()
                 raise _StreamError(f"http-{resp.status}", f"{resp.status} {self._scrub(body)}")

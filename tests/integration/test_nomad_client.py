@@ -416,7 +416,7 @@ async def test_lists_follow_next_token(serve, make_client):
     ]
 
 
-# -- threads, sessions, environment -----------------------------------------------------------
+# -- connections, environment -------------------------------------------------------------
 
 
 async def test_concurrency_is_bounded_and_connections_are_reused(serve, make_client):
@@ -432,13 +432,13 @@ async def test_concurrency_is_bounded_and_connections_are_reused(serve, make_cli
         return web.json_response("127.0.0.1:4647")
 
     fake = await serve({"GET /v1/status/leader": get})
-    client = make_client(fake.url, max_workers=3)
+    client = make_client(fake.url, max_connections=3)
 
     results = await asyncio.gather(*(client.leader() for _ in range(12)))
 
     assert results == ["127.0.0.1:4647"] * 12
     assert peak == 3
-    # Each worker thread keeps its connection alive: at most one socket per thread.
+    # Connections are kept alive and reused: never more sockets than the limit.
     assert len({s.peer for s in fake.seen}) <= 3
 
 
@@ -450,6 +450,22 @@ async def test_process_environment_is_not_consulted(serve, make_client, monkeypa
     await client.list_variables("poolkeeper/", "default")
     assert "X-Nomad-Token" not in fake.seen[0].headers
     assert fake.seen[0].query["namespace"] == ["default"]
+
+
+async def test_proxy_from_the_environment_is_used_unless_bypassed(serve, make_client, monkeypatch):
+    # The fake answers as a forward proxy would, for a Nomad that does not resolve.
+    proxy = await serve({"GET /v1/status/leader": sequence(lambda: web.json_response("p:4647"))})
+    monkeypatch.setenv("HTTP_PROXY", proxy.url)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    assert await make_client("http://nomad.invalid:4646").leader() == "p:4647"
+    assert proxy.seen[0].headers["Host"] == "nomad.invalid:4646"
+
+    monkeypatch.setenv("NO_PROXY", "nomad.invalid")
+    with pytest.raises(NomadUnavailable) as info:
+        await make_client("http://nomad.invalid:4646").leader()
+    assert not info.value.maybe_applied  # a DNS failure: nothing was sent
+    assert len(proxy.seen) == 1
 
 
 async def test_token_never_in_errors_or_logs(serve, make_client, caplog):
