@@ -189,22 +189,25 @@ class ClaimService:
         those this process claimed since the pool was last observed.
 
         Random order spreads concurrent claimers (and replicas) over different runners. The
-        order is drawn lazily (a Fisher-Yates shuffle that stops where the caller stops) and
-        `taken` is checked as each runner comes up, so a claim costs what it tries rather
-        than the size of the pool, and a runner a concurrent claimer took meanwhile is
-        skipped instead of costing a lost check-and-set."""
+        order is drawn lazily (a Fisher-Yates shuffle that stops where the caller stops,
+        keeping its swaps in a dict instead of copying the pool) and `taken` is checked as
+        each runner comes up, so a claim costs what it tries rather than the size of the
+        pool, and a runner a concurrent claimer took meanwhile is skipped instead of
+        costing a lost check-and-set."""
         taken = self._taken.setdefault(managed.key, {})
         for runner_id, when in list(taken.items()):
             if when < managed.observation_started:
                 del taken[runner_id]
         current, outdated = self._idle(managed)
         for group in (current, outdated):
-            order = list(group)
-            for i in range(len(order)):
-                j = i + self.rng.randrange(len(order) - i)
-                order[i], order[j] = order[j], order[i]
-                if order[i].id not in taken:
-                    yield order[i]
+            swapped: dict[int, int] = {}
+            for i in range(len(group)):
+                j = i + self.rng.randrange(len(group) - i)
+                chosen = swapped.get(j, j)
+                swapped[j] = swapped.get(i, i)
+                runner = group[chosen]
+                if runner.id not in taken:
+                    yield runner
 
     def _idle(self, managed: ManagedPool) -> tuple[list[Runner], list[Runner]]:
         """The pool's idle and outdated runners as the last pass saw them, computed once

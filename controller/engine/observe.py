@@ -63,14 +63,11 @@ class ClaimCache:
         self.entries[CLAIMS_PREFIX + record.runner_id] = _CachedClaim(record.modify_index, record)
 
 
-async def observe_namespace(
-    client: NomadClient, namespace: str, cache: ClaimCache
-) -> NamespaceObservation:
-    job_stubs, alloc_stubs, variable_metas = await asyncio.gather(
-        client.list_jobs(namespace),
-        client.list_allocations(namespace),
-        client.list_variables(CLAIMS_PREFIX, namespace),
-    )
+def _views(
+    job_stubs: list[dict[str, Any]], alloc_stubs: list[dict[str, Any]], cache: ClaimCache
+) -> tuple[tuple[JobView, ...], dict[str, tuple[AllocationView, ...]]]:
+    """Views of the runner jobs and their allocations, reusing unchanged ones. Runs in a
+    worker thread: only the namespace's pass (one at a time) touches these caches."""
     jobs = _job_views(job_stubs, cache)
     wanted = {job.id for job in jobs}
     by_job: defaultdict[str, list[AllocationView]] = defaultdict(list)
@@ -89,11 +86,23 @@ async def observe_namespace(
             seen[alloc_id] = hit
         by_job[job_id].append(hit[1])
     cache.allocations = seen
+    return jobs, {job_id: tuple(allocs) for job_id, allocs in by_job.items()}
+
+
+async def observe_namespace(
+    client: NomadClient, namespace: str, cache: ClaimCache
+) -> NamespaceObservation:
+    job_stubs, alloc_stubs, variable_metas = await asyncio.gather(
+        client.list_jobs(namespace),
+        client.list_allocations(namespace),
+        client.list_variables(CLAIMS_PREFIX, namespace),
+    )
+    jobs, allocations = await asyncio.to_thread(_views, job_stubs, alloc_stubs, cache)
     claims, malformed = await read_claims(client, namespace, cache, variable_metas)
     return NamespaceObservation(
         namespace=namespace,
         jobs=jobs,
-        allocations={job_id: tuple(allocs) for job_id, allocs in by_job.items()},
+        allocations=allocations,
         claims=claims,
         malformed_claims=frozenset(malformed),
     )

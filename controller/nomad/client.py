@@ -30,7 +30,6 @@ import json
 import logging
 import random
 import re
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -102,29 +101,33 @@ def tls_connector(config: NomadConfig, limit: int = 100) -> aiohttp.TCPConnector
 _DECODER = json.JSONDecoder()
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 _LARGE_BODY = 64 * 1024
-_DECODE_SLICE_SECONDS = 0.002
 
 
 async def decode_json(raw: bytes) -> Any:
-    """`json.loads(raw)`, except that a large array is decoded element by element,
-    handing the event loop back every couple of milliseconds.
+    """`json.loads(raw)`, except that a large body is decoded in a worker thread and an
+    array one element at a time.
 
-    A list of a few thousand allocations is megabytes of JSON, and decoding it in one
-    call held the loop for 10 to 40 ms in every reconcile pass: a claim arriving then
-    waited that long. Raises ValueError for what is not JSON, as json.loads does.
+    A list of a few thousand allocations is megabytes of JSON: one json.loads call held
+    the event loop (and the GIL, since the C decoder never lets go of it) for 10 to 40 ms
+    in every reconcile pass, and a claim arriving then waited that long. Between two
+    elements the interpreter can hand the GIL to the loop thread. Raises ValueError for
+    what is not JSON, as json.loads does.
     """
     if len(raw) < _LARGE_BODY:
         return json.loads(raw)
-    text = raw.decode()
+    return await asyncio.to_thread(_decode_large, raw)
+
+
+def _decode_large(raw: bytes) -> Any:
+    text = raw.decode(json.detect_encoding(raw), "surrogatepass")  # as json.loads does
     position = _skip_space(text, 0)
     if not text.startswith("[", position):
-        return json.loads(text)
+        return json.loads(text)  # only lists grow large
     items: list[Any] = []
     position = _skip_space(text, position + 1)
     closed = text.startswith("]", position)
     if closed:
         position = _skip_space(text, position + 1)
-    sliced = time.perf_counter()
     while not closed:
         item, position = _DECODER.raw_decode(text, position)
         items.append(item)
@@ -134,9 +137,6 @@ async def decode_json(raw: bytes) -> Any:
             raise ValueError(f"expected ',' or ']' at {position} of a JSON array")
         position = _skip_space(text, position + 1)
         closed = separator == "]"
-        if time.perf_counter() - sliced > _DECODE_SLICE_SECONDS:
-            await asyncio.sleep(0)
-            sliced = time.perf_counter()
     if position != len(text):
         raise ValueError(f"extra data after the JSON array at {position}")
     return items

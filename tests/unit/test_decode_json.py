@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from typing import Any
 
 import pytest
@@ -21,9 +22,9 @@ values = st.recursive(
 )
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def small_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Every test body takes the element-by-element path, not only megabyte lists.
+    # Every body takes the element-by-element path, not only megabyte lists.
     monkeypatch.setattr(client, "_LARGE_BODY", 0)
 
 
@@ -33,12 +34,14 @@ def decode(raw: bytes) -> Any:
 
 @settings(max_examples=300)
 @given(st.lists(values, max_size=20), st.sampled_from([None, 0, 2]), st.sampled_from(["", " \n"]))
+@pytest.mark.usefixtures("small_threshold")
 def test_agrees_with_json_loads(items: list[Any], indent: int | None, around: str) -> None:
     raw = f"{around}{json.dumps(items, indent=indent)}{around}".encode()
     assert decode(raw) == json.loads(raw)
 
 
 @given(st.binary(max_size=40) | st.text(alphabet='[]{},:" 01tfn', max_size=20).map(str.encode))
+@pytest.mark.usefixtures("small_threshold")
 def test_rejects_exactly_what_json_loads_rejects(raw: bytes) -> None:
     try:
         expected = json.loads(raw)
@@ -52,14 +55,14 @@ def test_rejects_exactly_what_json_loads_rejects(raw: bytes) -> None:
 @pytest.mark.parametrize(
     "raw", [b"[1 2]", b"[1,]", b"[1,2", b"[1] x", b"[", b"[,1]", b"[1]]", b"[{]"]
 )
+@pytest.mark.usefixtures("small_threshold")
 def test_malformed_arrays_are_value_errors(raw: bytes) -> None:
     with pytest.raises(ValueError):
         decode(raw)
 
 
-def test_a_large_list_hands_the_loop_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(client, "_DECODE_SLICE_SECONDS", 0.0)
-    raw = json.dumps([{"ID": str(i)} for i in range(50)]).encode()
+def test_the_loop_runs_while_a_large_list_is_decoded() -> None:
+    raw = json.dumps([{"ID": str(i), "Tasks": {"t": [i, i]}} for i in range(20_000)]).encode()
     ticks = 0
 
     async def ticker() -> None:
@@ -68,13 +71,21 @@ def test_a_large_list_hands_the_loop_back(monkeypatch: pytest.MonkeyPatch) -> No
             ticks += 1
             await asyncio.sleep(0)
 
-    async def run() -> Any:
+    async def run() -> tuple[Any, int]:
         task = asyncio.create_task(ticker())
         await asyncio.sleep(0)
+        before = ticks
         try:
-            return await decode_json(raw)
+            return await decode_json(raw), ticks - before
         finally:
             task.cancel()
 
-    assert asyncio.run(run()) == json.loads(raw)
-    assert ticks >= 40  # the ticker ran between elements, not only before and after
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(0.0001)
+    try:
+        decoded, ticked = asyncio.run(run())
+    finally:
+        sys.setswitchinterval(switch)
+    assert decoded == json.loads(raw)
+    # One json.loads call would have held the GIL (and so the loop) from start to end.
+    assert ticked > 10
