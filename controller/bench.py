@@ -565,6 +565,7 @@ async def sequential_claims(
     bare: list[float] = []
     bare_pair: list[float] = []
     raw: list[float] = []
+    round_trip: list[float] = []
     n = sizes.sequential_claims
 
     async def bare_write(path: str, i: int) -> float:
@@ -580,6 +581,12 @@ async def sequential_claims(
             r.raise_for_status()
         return time.perf_counter() - started
 
+    async def healthz() -> float:
+        started = time.perf_counter()
+        async with http.get(f"{controller.url}/healthz") as r:
+            await r.read()
+        return time.perf_counter() - started
+
     # Warm every path once (connections, executor threads).
     await claim(http, controller.url, "claims")
     await bare_write("bench/warm/bare", 0)
@@ -591,6 +598,7 @@ async def sequential_claims(
         plain.append(seconds)
         bare.append(await bare_write(f"bench/bare/{i}", i))
         raw.append(await raw_write(f"bench/raw/{i}", i))
+        round_trip.append(await healthz())
     for i in range(n):
         seconds, status, body = await claim(
             http, controller.url, "claims", {"requestId": f"bench-{i}"}
@@ -611,6 +619,8 @@ async def sequential_claims(
     out["claim.bare_write_pair.p99_ms"] = ms(percentile(bare_pair, 99))
     out["claim.raw_write.p50_ms"] = ms(percentile(raw, 50))
     out["claim.raw_write.p99_ms"] = ms(percentile(raw, 99))
+    out["claim.http_round_trip.p50_ms"] = ms(percentile(round_trip, 50))
+    out["claim.http_round_trip.p99_ms"] = ms(percentile(round_trip, 99))
     out["claim.p99_ratio"] = round(percentile(plain, 99) / percentile(bare, 99), 3)
     out["claim.p99_ratio_request_id"] = round(
         percentile(with_id, 99) / percentile(bare_pair, 99), 3

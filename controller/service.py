@@ -8,6 +8,7 @@ import asyncio
 import functools
 import logging
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,11 @@ log = logging.getLogger(__name__)
 # keepalive_timeout default); tests lower it. aiohttp's own default is an hour, which
 # lets slow-loris clients hold connections.
 HTTP_IDLE_TIMEOUT_SECONDS = 75.0
+
+# How long a thread may hold the GIL while another waits for it (Python's default is
+# 5 ms). The engine computes its passes in worker threads while the claim API answers on
+# the loop thread, which then gets the GIL back within this time.
+GIL_SWITCH_SECONDS = 0.0005
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -113,6 +119,7 @@ class Service:
 
     async def serve_api(self, ready: Callable[[], list[str]]) -> str:
         """Start the one listener for API, health and metrics; returns its URL."""
+        sys.setswitchinterval(GIL_SWITCH_SECONDS)
         app = create_app(self.engine, self.metrics, self.tokens, ready, self.claims)
         self._runner = web.AppRunner(
             app, access_log=None, keepalive_timeout=HTTP_IDLE_TIMEOUT_SECONDS

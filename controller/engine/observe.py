@@ -64,29 +64,37 @@ class ClaimCache:
 
 
 def _views(
-    job_stubs: list[dict[str, Any]], alloc_stubs: list[dict[str, Any]], cache: ClaimCache
-) -> tuple[tuple[JobView, ...], dict[str, tuple[AllocationView, ...]]]:
-    """Views of the runner jobs and their allocations, reusing unchanged ones. Runs in a
-    worker thread: only the namespace's pass (one at a time) touches these caches."""
-    jobs = _job_views(job_stubs, cache)
+    job_stubs: list[dict[str, Any]],
+    alloc_stubs: list[dict[str, Any]],
+    known_jobs: dict[str, tuple[int, JobView]],
+    known_allocs: dict[str, tuple[int, AllocationView]],
+) -> tuple[
+    tuple[JobView, ...],
+    dict[str, tuple[AllocationView, ...]],
+    dict[str, tuple[int, JobView]],
+    dict[str, tuple[int, AllocationView]],
+]:
+    """Views of the runner jobs and their allocations, reusing the known ones whose
+    ModifyIndex did not move; also returns what to know next time. Runs in a worker
+    thread, so it changes nothing: the caller stores the new caches."""
+    jobs, seen_jobs = _job_views(job_stubs, known_jobs)
     wanted = {job.id for job in jobs}
     by_job: defaultdict[str, list[AllocationView]] = defaultdict(list)
     seen: dict[str, tuple[int, AllocationView]] = {}
-    known = cache.allocations
     for stub in alloc_stubs:
         job_id = stub.get("JobID")
         if job_id not in wanted:
             continue
         alloc_id, index = stub.get("ID"), stub.get("ModifyIndex")
-        hit = known.get(alloc_id) if isinstance(alloc_id, str) else None
+        hit = known_allocs.get(alloc_id) if isinstance(alloc_id, str) else None
         if hit is None or hit[0] != index or not isinstance(index, int):
             view = AllocationView.from_stub(stub)
             hit = (index if isinstance(index, int) else -1, view)
         if isinstance(alloc_id, str):
             seen[alloc_id] = hit
         by_job[job_id].append(hit[1])
-    cache.allocations = seen
-    return jobs, {job_id: tuple(allocs) for job_id, allocs in by_job.items()}
+    allocations = {job_id: tuple(allocs) for job_id, allocs in by_job.items()}
+    return jobs, allocations, seen_jobs, seen
 
 
 async def observe_namespace(
@@ -97,7 +105,9 @@ async def observe_namespace(
         client.list_allocations(namespace),
         client.list_variables(CLAIMS_PREFIX, namespace),
     )
-    jobs, allocations = await asyncio.to_thread(_views, job_stubs, alloc_stubs, cache)
+    jobs, allocations, cache.jobs, cache.allocations = await asyncio.to_thread(
+        _views, job_stubs, alloc_stubs, cache.jobs, cache.allocations
+    )
     claims, malformed = await read_claims(client, namespace, cache, variable_metas)
     return NamespaceObservation(
         namespace=namespace,
@@ -108,9 +118,10 @@ async def observe_namespace(
     )
 
 
-def _job_views(stubs: list[dict[str, Any]], cache: ClaimCache) -> tuple[JobView, ...]:
+def _job_views(
+    stubs: list[dict[str, Any]], known: dict[str, tuple[int, JobView]]
+) -> tuple[tuple[JobView, ...], dict[str, tuple[int, JobView]]]:
     """Views of the runner-looking jobs (those with a pool Meta), reusing unchanged ones."""
-    known = cache.jobs
     seen: dict[str, tuple[int, JobView]] = {}
     views: list[JobView] = []
     for stub in stubs:
@@ -123,8 +134,7 @@ def _job_views(stubs: list[dict[str, Any]], cache: ClaimCache) -> tuple[JobView,
         if isinstance(job_id, str):
             seen[job_id] = hit
         views.append(hit[1])
-    cache.jobs = seen
-    return tuple(views)
+    return tuple(views), seen
 
 
 async def read_claims(

@@ -7,10 +7,10 @@ within the coalescing window cost one pass.
 
 The event loop also serves the claim API, so a pass must not hold it: the CPU-heavy,
 pure steps (building views of Nomad's lists, splitting them among pools, classifying,
-planning) run in a worker thread on data nothing else changes, and the interpreter
-hands the GIL back to the loop thread every half millisecond (GIL_SWITCH_SECONDS).
-With 1,000 runners this cut the p99 of a claim made during a pass about threefold
-(docs/performance.md).
+planning) run in a worker thread that only computes (the loop thread stores every
+result), and the service has the interpreter hand the GIL back to the loop thread every
+half millisecond (service.GIL_SWITCH_SECONDS). With 1,000 runners this cut the p99 of a
+claim made during a pass about threefold (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import contextlib
 import itertools
 import logging
 import random
-import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -74,9 +73,6 @@ DEFAULT_DRAIN_SECONDS = 3600
 Clock = Callable[[], datetime]
 StatusSink = Callable[[str, PoolStatus], Awaitable[None] | None]
 
-# How long a thread may hold the GIL while another waits for it (Python's default is
-# 5 ms): the loop thread gets it back within this time while a pass computes.
-GIL_SWITCH_SECONDS = 0.0005
 COALESCE_SECONDS = 0.02
 MAX_COALESCE_SECONDS = 0.25
 # Runner states whose classification does not depend on the clock (see Engine._classify).
@@ -384,7 +380,6 @@ class Engine:
 
     async def start(self) -> None:
         self._running = True
-        sys.setswitchinterval(GIL_SWITCH_SECONDS)
         for namespace in self.namespaces():
             self._ensure_loop(namespace)
 
@@ -399,9 +394,13 @@ class Engine:
 
     async def _loop(self, namespace: str) -> None:
         wake = self._wake[namespace]
-        while True:
+        while self._running:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel that
+            # arrives just as the hint it waits for is set (CPython gh-86296), and stop()
+            # then waited for ever for a loop that kept running.
             try:
-                await asyncio.wait_for(wake.wait(), timeout=self._sleep_seconds(namespace))
+                async with asyncio.timeout(self._sleep_seconds(namespace)):
+                    await wake.wait()
                 await asyncio.sleep(self._coalesce_seconds(namespace))
             except TimeoutError:
                 pass
@@ -439,7 +438,8 @@ class Engine:
         """Wait (at most `within` seconds) until the pool has been observed again."""
         event = self._observed.setdefault(key, asyncio.Event())
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout=within)
+            async with asyncio.timeout(within):  # see _loop on wait_for
+                await event.wait()
 
     async def read_claims(self, namespace: str) -> dict[str, ClaimRecord]:
         claims, _ = await read_claims(
@@ -480,9 +480,7 @@ class Engine:
         ]
         self._deadlines[namespace] = min(upcoming, default=now + timedelta(days=1))
         pools = self.active_pools(namespace)
-        by_pool, orphans = await asyncio.to_thread(
-            self._split, namespace, [m.policy for m in pools], observed
-        )
+        by_pool, orphans = await self._split(namespace, [m.policy for m in pools], observed)
         if self.reconcile:
             self._take_orphans(namespace, orphans)
             for managed in pools:
@@ -521,13 +519,12 @@ class Engine:
         except NomadError as error:
             log.warning("collecting abandoned request records in %s: %s", namespace, error)
 
-    def _split(
+    async def _split(
         self, namespace: str, policies: list[PoolPolicy], observed: NamespaceObservation
     ) -> tuple[dict[str, PoolObservation], list[JobView]]:
         """Share the observation among the pools; when neither the policies nor anything
         observed changed since the last pass (the usual steady state), the last split is
-        reused. The comparison is cheap: unchanged views are the same objects. Runs in a
-        worker thread; only passes of this namespace (one at a time) touch its entry."""
+        reused. The comparison is cheap: unchanged views are the same objects."""
         cached = self._splits.get(namespace)
         if (
             cached is not None
@@ -536,7 +533,8 @@ class Engine:
             and cached[1] == observed
         ):
             return cached[2], cached[3]
-        by_pool, orphans = split_observation(
+        by_pool, orphans = await asyncio.to_thread(
+            split_observation,
             policies,
             observed.jobs,
             observed.allocations,
@@ -598,7 +596,7 @@ class Engine:
         are the very objects of the last pass unless Nomad changed them, so this is
         cheap), and only states that do not depend on the clock (a starting runner can
         time out and a claim can expire, so those are always classified again).
-        Runs in a worker thread: it only reads `managed`."""
+        Runs in a worker thread, so it only reads: the caller stores the result."""
         previous = managed.observation
         if (
             previous is not None

@@ -18,8 +18,8 @@ after sending) is not retried: a retry that succeeded the first time would come 
 a conflict and look like a lost race, so the caller gets NomadUnavailable with
 `maybe_applied=True` and decides from a fresh read.
 
-Timeouts: `timeout` bounds connecting and each wait for response data, not the whole
-call, so a large list that keeps arriving is not cut off.
+Timeouts: `timeout` bounds the wait for a free connection, connecting and each wait for
+response data, not the whole call, so a large list that keeps arriving is not cut off.
 """
 
 from __future__ import annotations
@@ -171,7 +171,11 @@ class NomadClient:
             raise ValueError("max_connections and attempts must be >= 1, timeout > 0")
         self._config = config
         self._max_connections = max_connections
-        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
+        # `connect` also bounds the wait for a free pooled connection.
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, connect=timeout, sock_connect=timeout, sock_read=timeout
+        )
+        self._close_wait = timeout
         self._on_request = on_request
         self._attempts = attempts
         self._backoff_base = backoff_base
@@ -284,13 +288,18 @@ class NomadClient:
         return str(outcome.body)
 
     async def close(self) -> None:
-        """Refuse new calls, wait for those in flight, then close every connection."""
+        """Refuse new calls, wait (at most the call timeout) for those in flight, then
+        close every connection."""
         if self._closed:
             return
         self._closed = True
-        await self._idle.wait()
-        if self._session is not None:
-            await self._session.close()
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._close_wait):
+                    await self._idle.wait()
+        finally:
+            if self._session is not None:
+                await self._session.close()
 
     # -- plumbing ----------------------------------------------------------------------
 

@@ -161,8 +161,10 @@ class EventBroker:
         if seq < self.next_seq:
             return
         changed = self._changed
+        # asyncio.timeout: Python 3.11's wait_for can swallow a cancel (gh-86296).
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await changed.wait()
 
     def stats(self) -> dict[str, Any]:
         return {"published": self.published, "dropped": self.dropped, "buffered": len(self.buffer)}

@@ -227,8 +227,10 @@ class Simulator:
 
     async def wait_for_change(self, seconds: float) -> None:
         changed = self._changed
+        # asyncio.timeout: Python 3.11's wait_for can swallow a cancel (gh-86296).
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await changed.wait()
 
     def _later(self, delay: float, fn: Callable[..., None], *args: Any) -> None:
         loop = asyncio.get_running_loop()

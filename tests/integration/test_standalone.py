@@ -3,6 +3,8 @@ prefix conflicts and deletion policies."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from controller.engine.types import RunnerState
@@ -264,3 +266,30 @@ async def test_starts_while_nomad_is_unreachable_and_catches_up(harness: Harness
 
     await wait_until(resumed, within=30, what="the recorded drain to be resumed")
     await harness.settled(restarted, within=30)
+
+
+@pytest.mark.parametrize("turns", [0, 1, 2, 3])
+async def test_stop_wins_over_a_hint_that_arrives_just_before_it(
+    harness: Harness, tmp_path, turns: int
+):
+    # On Python 3.11, asyncio.wait_for swallowed a cancel arriving while the hint it
+    # waited for had just been set: the loop kept running and stop() never returned.
+    # `turns` walks a stop through that window, one event-loop turn at a time.
+    controller = await harness.start(
+        write_pools(tmp_path / "pools.yaml", pool_doc("py", idle=2, max_runners=10))
+    )
+    await harness.settled(controller)
+    engine = controller.engine
+    lock, wake = engine._pass_lock["default"], engine._wake["default"]
+
+    async def idle() -> bool:  # no pass running or pending: the loop waits for a hint
+        await asyncio.sleep(0.1)
+        return not lock.locked() and not wake.is_set()
+
+    await wait_until(idle, what="the loop to wait for a hint")
+    engine.hint_namespace("default")
+    for _ in range(turns):
+        await asyncio.sleep(0)
+    stopping = asyncio.create_task(engine.stop())
+    async with asyncio.timeout(10):
+        await stopping
