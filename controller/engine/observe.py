@@ -18,6 +18,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.engine.offload import compute
 from controller.engine.types import (
     CLAIMS_PREFIX,
     AllocationView,
@@ -105,8 +106,8 @@ async def observe_namespace(
         client.list_allocations(namespace),
         client.list_variables(CLAIMS_PREFIX, namespace),
     )
-    jobs, allocations, cache.jobs, cache.allocations = await asyncio.to_thread(
-        _views, job_stubs, alloc_stubs, cache.jobs, cache.allocations
+    jobs, allocations, cache.jobs, cache.allocations = await compute(
+        len(job_stubs), _views, job_stubs, alloc_stubs, cache.jobs, cache.allocations
     )
     claims, malformed = await read_claims(client, namespace, cache, variable_metas)
     return NamespaceObservation(

@@ -34,6 +34,7 @@ from controller.engine.observe import (
     observe_namespace,
     read_claims,
 )
+from controller.engine.offload import compute
 from controller.engine.plan import Destroy, DestroyReason, Plan, plan
 from controller.engine.requests_gc import collect_abandoned_requests
 from controller.engine.status import PoolStatus, compute_status, count, needs_write
@@ -533,7 +534,8 @@ class Engine:
             and cached[1] == observed
         ):
             return cached[2], cached[3]
-        by_pool, orphans = await asyncio.to_thread(
+        by_pool, orphans = await compute(
+            len(observed.jobs),
             split_observation,
             policies,
             observed.jobs,
@@ -552,7 +554,9 @@ class Engine:
         observation_started: float,
     ) -> Applied:
         policy = managed.policy
-        runners = await asyncio.to_thread(self._classify, managed, policy, observation, now)
+        runners = await compute(
+            len(observation.jobs), self._classify, managed, policy, observation, now
+        )
         managed.classified_policy = policy
         started = breakers.count_started(managed.runners, runners)
         managed.runners, managed.observation, managed.observed = tuple(runners), observation, True
@@ -561,7 +565,8 @@ class Engine:
         if not self.reconcile:  # a claims-only replica observes, never acts
             await self._publish(managed, runners, now)
             return Applied()
-        todo = await asyncio.to_thread(
+        todo = await compute(
+            len(runners),
             plan,
             policy,
             observation,
