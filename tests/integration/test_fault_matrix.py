@@ -140,13 +140,19 @@ async def test_seed_instant_reschedule(scene: Scene) -> None:
     assert set(idle) <= set(scene.runners(RunnerState.IDLE))
 
 
-async def test_node_down(scene: Scene) -> None:
+async def claimed_and_node(scene: Scene) -> tuple[str, str, list[str]]:
+    """A claimed runner, its node, and the idle runners on that node."""
     claimed = await scene.claim()
     await scene.harness.settled(scene.controller, within=SETTLE)
     node = scene.allocation_of(claimed)["NodeName"]
     on_node = [
         r for r in scene.runners(RunnerState.IDLE) if scene.allocation_of(r)["NodeName"] == node
     ]
+    return claimed, node, on_node
+
+
+async def test_node_down(scene: Scene) -> None:
+    claimed, node, on_node = await claimed_and_node(scene)
     await scene.sim.node_down(node)
     await gone_with(scene, claimed, "AllocationLost")
     await scene.converged(destroyed=0, live_claims=0)
@@ -154,12 +160,7 @@ async def test_node_down(scene: Scene) -> None:
 
 
 async def test_drain(scene: Scene) -> None:
-    claimed = await scene.claim()
-    await scene.harness.settled(scene.controller, within=SETTLE)
-    node = scene.allocation_of(claimed)["NodeName"]
-    on_node = [
-        r for r in scene.runners(RunnerState.IDLE) if scene.allocation_of(r)["NodeName"] == node
-    ]
+    claimed, node, on_node = await claimed_and_node(scene)
     # Batch allocations wait for the deadline, then stop without a replacement.
     await scene.sim.drain_node(node, deadline_seconds=0.5)
     await gone_with(scene, claimed, "AllocationLost")
