@@ -11,13 +11,7 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
-
-
-class UsageError(Exception):
-    """A bad command-line value or configuration; reported in one line, exit 2."""
+from controller.errors import EXIT_FAILURE, EXIT_USAGE, UsageError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -67,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     operator.add_argument(
         "--liveness", help="kopf liveness endpoint, e.g. http://0.0.0.0:8081/healthz"
     )
-    operator.set_defaults(handler=_command("controller.operator"))
+    operator.set_defaults(handler=_command("controller.operator.controller"))
 
     sim = commands.add_parser("sim", help="a Nomad HTTP API simulator")
     sim.add_argument("--listen", default="127.0.0.1:4646")
@@ -76,15 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument("--tls-cert")
     sim.add_argument("--tls-key")
-    sim.set_defaults(handler=_command("controller.simulator.command"))
+    sim.set_defaults(handler=_command("controller.lab.simulator.command"))
 
     demo = commands.add_parser("demo", help="a scripted story on the simulator")
-    demo.set_defaults(handler=_command("controller.demo"))
+    demo.set_defaults(handler=_command("controller.lab.demo"))
 
     bench = commands.add_parser("bench", help="the benchmarks")
     bench.add_argument("--quick", action="store_true")
     bench.add_argument("--json", dest="json_file")
-    bench.set_defaults(handler=_command("controller.bench"))
+    bench.set_defaults(handler=_command("controller.lab.bench"))
 
     chaos = commands.add_parser("chaos", help="the chaos soak")
     chaos.add_argument("--minutes", type=float, default=5.0)
@@ -92,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     chaos.add_argument("--json", dest="json_file")
     chaos.add_argument("--markdown", help="write docs/reliability.md from the report")
     chaos.add_argument("--workdir", help="keep the controller logs in this folder")
-    chaos.set_defaults(handler=_command("controller.chaos"))
+    chaos.set_defaults(handler=_command("controller.lab.chaos"))
 
     status = commands.add_parser("status", help="a live table of a controller's pools")
     status.add_argument("--url", default="http://127.0.0.1:8080")

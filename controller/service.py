@@ -16,9 +16,9 @@ from pathlib import Path
 from aiohttp import web
 
 from controller.api.app import TokenSet, create_app, read_token_file
-from controller.claims import ClaimService
-from controller.cli import UsageError
+from controller.claims.service import ClaimService
 from controller.engine.reconciler import Clock, Engine, StatusSink, utcnow
+from controller.errors import UsageError
 from controller.metrics import Metrics
 from controller.nomad.client import NomadClient
 from controller.nomad.config import ConfigError, NomadConfig

@@ -9,13 +9,11 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from controller.cli import UsageError
+from controller.core.types import PoolMode
 from controller.engine.reconciler import Clock, utcnow
-from controller.engine.types import PoolMode
+from controller.errors import UsageError
 from controller.model import DeletionPolicy, RunnerPool
 from controller.nomad.config import NomadConfig
-from controller.pools_file import ConfigError as PoolPathError
-from controller.pools_file import load_pools, reload
 from controller.service import (
     Service,
     ServiceSettings,
@@ -23,6 +21,8 @@ from controller.service import (
     parse_listen,
     start_logging,
 )
+from controller.sources.files import ConfigError as PoolPathError
+from controller.sources.files import load_pools, reload
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from controller.cli import EXIT_FAILURE, EXIT_OK, UsageError
+from controller.errors import EXIT_FAILURE, EXIT_OK, UsageError
 
 WATCH_SECONDS = 2.0
 

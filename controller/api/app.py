@@ -13,9 +13,9 @@ from aiohttp import web
 from controller.api import claims_routes
 from controller.api.common import ApiError
 from controller.api.openapi import document
-from controller.claims import ClaimError, ClaimService
+from controller.claims.service import ClaimError, ClaimService
+from controller.core.types import PoolMode
 from controller.engine.reconciler import Engine
-from controller.engine.types import PoolMode
 from controller.metrics import Metrics
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from controller.api.common import ApiError, read_json
-from controller.claims import ClaimError, ClaimRequest, ClaimService
+from controller.claims.service import ClaimError, ClaimRequest, ClaimService
 
 CLAIMS_KEY: web.AppKey[ClaimService] = web.AppKey("claims", ClaimService)
 

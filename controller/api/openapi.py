@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from controller import __version__
-from controller.claims import MAX_WAIT_SECONDS, REQUEST_ID_PATTERN
+from controller.claims.service import MAX_WAIT_SECONDS, REQUEST_ID_PATTERN
 from controller.nomad.jobs import RUNNER_ID_PATTERN
 
 

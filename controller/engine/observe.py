@@ -18,14 +18,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.engine.offload import compute
-from controller.engine.types import (
+from controller.core.types import (
     CLAIMS_PREFIX,
     AllocationView,
     ClaimRecord,
     JobView,
     MalformedClaim,
 )
+from controller.engine.offload import compute
 from controller.nomad.client import NomadClient
 from controller.nomad.jobs import META_POOL
 

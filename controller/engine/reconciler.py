@@ -26,19 +26,11 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from controller.engine import breaker as breakers
-from controller.engine.classify import classify
-from controller.engine.observe import (
-    ClaimCache,
-    NamespaceObservation,
-    observe_namespace,
-    read_claims,
-)
-from controller.engine.offload import compute
-from controller.engine.plan import Destroy, DestroyReason, Plan, plan
-from controller.engine.requests_gc import collect_abandoned_requests
-from controller.engine.status import PoolStatus, compute_status, count, needs_write
-from controller.engine.types import (
+from controller.core import breaker as breakers
+from controller.core.classify import classify
+from controller.core.plan import Destroy, DestroyReason, Plan, plan
+from controller.core.status import PoolStatus, compute_status, count, needs_write
+from controller.core.types import (
     ClaimRecord,
     ClaimState,
     JobView,
@@ -53,6 +45,14 @@ from controller.engine.types import (
     request_path,
     split_observation,
 )
+from controller.engine.observe import (
+    ClaimCache,
+    NamespaceObservation,
+    observe_namespace,
+    read_claims,
+)
+from controller.engine.offload import compute
+from controller.engine.requests_gc import collect_abandoned_requests
 from controller.metrics import Metrics
 from controller.model import RunnerPool
 from controller.nomad.client import NomadClient

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from controller.engine.classify import to_ns
-from controller.engine.types import REQUESTS_PREFIX, ClaimRecord
+from controller.core.classify import to_ns
+from controller.core.types import REQUESTS_PREFIX, ClaimRecord
 from controller.nomad.client import NomadClient
 from controller.nomad.errors import NomadConflict
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controller.chaos import FAULT_KINDS, Profile, make_schedule, run_chaos
+from controller.lab.chaos import FAULT_KINDS, Profile, make_schedule, run_chaos
 
 SEED = 7
 MINUTES = 0.5  # one round: about 20-30 s on a shared 2-core machine

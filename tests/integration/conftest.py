@@ -13,12 +13,12 @@ import aiohttp
 import pytest
 import yaml
 
+from controller.core.types import RunnerState
 from controller.engine.reconciler import Clock, utcnow
-from controller.engine.types import RunnerState
-from controller.invariants import NomadJob, PoolSnapshot, check_invariants
+from controller.lab.invariants import NomadJob, PoolSnapshot, check_invariants
+from controller.lab.simulator import SimServer, Simulator, start_sim
 from controller.nomad.config import NomadConfig
 from controller.nomad.jobs import META_POOL
-from controller.simulator import SimServer, Simulator, start_sim
 from controller.standalone import Controller, Settings
 
 TOKEN = "test-api-token"

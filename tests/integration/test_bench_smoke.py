@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from controller.bench import REQUIRED_KEYS
+from controller.lab.bench import REQUIRED_KEYS
 
 
 def test_quick_bench_writes_every_required_key(tmp_path: Path) -> None:

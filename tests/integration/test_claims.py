@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from controller.engine.types import RunnerState, claim_path
+from controller.core.types import RunnerState, claim_path
 
 from .conftest import TOKEN, FakeClock, Harness, pool_doc, wait_until, write_pools
 

@@ -1,6 +1,6 @@
 from rich.console import Console
 
-from controller.demo import run_demo
+from controller.lab.demo import run_demo
 
 
 async def test_the_demo_story_holds_every_invariant():

@@ -288,8 +288,8 @@ async def test_follows_a_tls_stream_only_when_the_certificate_verifies(
 
 
 async def test_simulator_events_wake_jobs_and_survive_a_disconnect(watchers):
+    from controller.lab.simulator import Simulator, start_sim
     from controller.nomad.client import NomadClient
-    from controller.simulator import Simulator, start_sim
     from tests.integration.test_nomad_client import batch_job
 
     server = await start_sim(Simulator(seed=0, start_delay=0.01), host="127.0.0.1", port=0)

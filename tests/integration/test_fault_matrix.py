@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from controller.core.types import RunnerState
 from controller.engine import reconciler
-from controller.engine.types import RunnerState
 from controller.nomad.errors import NomadUnavailable
 from controller.nomad.jobs import META_POOL
 from controller.standalone import Controller

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 import controller.api.common as common
 import controller.service as service
 from controller.api.app import MAX_BODY_BYTES
-from controller.simulator import Simulator
+from controller.lab.simulator import Simulator
 from controller.standalone import Controller
 
 from .conftest import TOKEN, Harness, pool_doc, wait_until, write_pools

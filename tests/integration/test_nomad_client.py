@@ -606,7 +606,7 @@ def batch_job(job_id: str) -> dict[str, Any]:
 
 @pytest.fixture
 async def sim_client() -> AsyncIterator[NomadClient]:
-    from controller.simulator import Simulator, start_sim
+    from controller.lab.simulator import Simulator, start_sim
 
     server = await start_sim(Simulator(seed=0, start_delay=0.01), host="127.0.0.1", port=0)
     client = NomadClient(NomadConfig(address=server.url), backoff_base=0.01)

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from controller.engine.types import RunnerState
+from controller.core.types import RunnerState
 from controller.nomad.jobs import META_POOL, META_TEMPLATE
 
 from .conftest import Harness, pool_doc, wait_until, write_pools

@@ -20,10 +20,15 @@ import pytest
 import yaml
 
 from controller.cli import build_parser
+from controller.lab.simulator import SimServer, Simulator, start_sim
 from controller.nomad.config import NomadConfig
 from controller.nomad.jobs import META_POOL
-from controller.operator import OperatorController, OperatorOptions, options_from_args, run
-from controller.simulator import SimServer, Simulator, start_sim
+from controller.operator.controller import (
+    OperatorController,
+    OperatorOptions,
+    options_from_args,
+    run,
+)
 from tests.operator.fake_k8s import JSON, FakeKubernetes, Rule, denied
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from controller.cli import UsageError, build_parser
+from controller.cli import build_parser
 from controller.cli import main as cli_main
-from controller.operator import (
+from controller.errors import UsageError
+from controller.operator.controller import (
     FINALIZER,
     PEERING_LIFETIME_SECONDS,
     OperatorOptions,

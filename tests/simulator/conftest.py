@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from controller.simulator import SimServer, Simulator, start_sim
+from controller.lab.simulator import SimServer, Simulator, start_sim
 
 START_DELAY = 0.01
 # python-nomad's own suite runs from a temporary folder (test_python_nomad_suite.py).

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from controller.simulator import Simulator, start_sim
+from controller.lab.simulator import Simulator, start_sim
 from tests.simulator.conftest import Client, service_job
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from controller.simulator.bench import measure
+from controller.lab.simulator.bench import measure
 
 
 async def test_measure_small() -> None:

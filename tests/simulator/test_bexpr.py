@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.simulator.bexpr import FilterError, compile_filter
+from controller.lab.simulator.bexpr import FilterError, compile_filter
 
 DOC = {
     "ID": "abc-123",

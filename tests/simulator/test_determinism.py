@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from controller.simulator import Simulator
+from controller.lab.simulator import Simulator
 from tests.simulator.conftest import service_job, wait_until
 
 

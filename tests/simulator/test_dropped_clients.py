@@ -1,7 +1,7 @@
 import asyncio
 import logging
 
-from controller.simulator import SimServer
+from controller.lab.simulator import SimServer
 
 
 async def test_a_client_dying_mid_body_changes_nothing_and_logs_no_traceback(

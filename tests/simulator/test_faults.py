@@ -9,8 +9,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from controller.simulator import Simulator, start_sim
-from controller.simulator.util import ApiError
+from controller.lab.simulator import Simulator, start_sim
+from controller.lab.simulator.util import ApiError
 from tests.simulator.conftest import Client, Stream, service_job, wait_until
 
 

@@ -8,8 +8,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.simulator import Simulator
-from controller.simulator.util import ApiError
+from controller.lab.simulator import Simulator
+from controller.lab.simulator.util import ApiError
 
 _scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.text(max_size=4))
 _json: st.SearchStrategy[Any] = st.recursive(

@@ -10,8 +10,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from controller.simulator import Simulator, start_sim
-from controller.simulator.command import main
+from controller.lab.simulator import Simulator, start_sim
+from controller.lab.simulator.command import main
 
 
 def _self_signed(folder: Path) -> tuple[Path, Path]:

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from controller.engine.breaker import (
+from controller.core.breaker import (
     BreakerState,
     backoff,
     count_started,
@@ -15,8 +15,8 @@ from controller.engine.breaker import (
     is_open,
     record,
 )
-from controller.engine.classify import classify
-from controller.engine.types import RunnerState
+from controller.core.classify import classify
+from controller.core.types import RunnerState
 from tests.unit.test_classify import NOW, POLICY, alloc, claim, job, observe
 
 CLOSED = BreakerState()

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from controller.engine.classify import classify, counting_allocation, to_ns
-from controller.engine.types import (
+from controller.core.classify import classify, counting_allocation, to_ns
+from controller.core.types import (
     AllocationView,
     ClaimRecord,
     ClaimState,

@@ -3,7 +3,8 @@ import sys
 
 import pytest
 
-from controller.cli import EXIT_USAGE, main
+from controller.cli import main
+from controller.errors import EXIT_USAGE
 
 
 def test_unknown_command_is_a_usage_error(capsys):

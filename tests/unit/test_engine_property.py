@@ -26,9 +26,9 @@ from typing import TypeVar
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.engine.classify import classify, to_ns
-from controller.engine.plan import DestroyReason, Plan, plan
-from controller.engine.types import (
+from controller.core.classify import classify, to_ns
+from controller.core.plan import DestroyReason, Plan, plan
+from controller.core.types import (
     AllocationView,
     ClaimRecord,
     ClaimState,

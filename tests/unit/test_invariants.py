@@ -1,6 +1,6 @@
 import pytest
 
-from controller.invariants import NomadJob, PoolSnapshot, check_invariants
+from controller.lab.invariants import NomadJob, PoolSnapshot, check_invariants
 
 HEALTHY = PoolSnapshot(
     key="default/py",

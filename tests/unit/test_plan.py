@@ -8,9 +8,9 @@ from datetime import timedelta
 
 import pytest
 
-from controller.engine.classify import classify
-from controller.engine.plan import DestroyReason, Plan, plan
-from controller.engine.types import (
+from controller.core.classify import classify
+from controller.core.plan import DestroyReason, Plan, plan
+from controller.core.types import (
     TOMBSTONE_RETENTION,
     AllocationView,
     ClaimRecord,

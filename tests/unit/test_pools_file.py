@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from controller.model import RunnerPool
-from controller.pools_file import (
+from controller.sources.files import (
     ConfigError,
     LoadResult,
     PoolFileError,

@@ -1,8 +1,8 @@
 from datetime import UTC, datetime, timedelta
 
-from controller.engine.classify import to_ns
+from controller.core.classify import to_ns
+from controller.core.types import ClaimRecord, ClaimState
 from controller.engine.requests_gc import REQUEST_GRACE, abandoned_requests
-from controller.engine.types import ClaimRecord, ClaimState
 
 NOW = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 

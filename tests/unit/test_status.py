@@ -7,15 +7,15 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from controller.engine.classify import classify
-from controller.engine.status import (
+from controller.core.classify import classify
+from controller.core.status import (
     PoolStatus,
     compute_status,
     count,
     needs_write,
     status_changed,
 )
-from controller.engine.types import ClaimState, PoolMode, PoolPolicy, Runner
+from controller.core.types import ClaimState, PoolMode, PoolPolicy, Runner
 from tests.unit.test_classify import NOW, POLICY, alloc, claim, job, observe, rid
 
 LATER = NOW + timedelta(seconds=30)

@@ -13,11 +13,11 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
-from controller.simulator.bexpr import FilterError, compile_filter
-from controller.simulator.events import StreamDropped, TopicFilter
-from controller.simulator.state import Simulator
-from controller.simulator.util import JSON, ApiError, bad_request, not_found, parse_go_duration
-from controller.simulator.views import (
+from controller.lab.simulator.bexpr import FilterError, compile_filter
+from controller.lab.simulator.events import StreamDropped, TopicFilter
+from controller.lab.simulator.state import Simulator
+from controller.lab.simulator.util import JSON, ApiError, bad_request, not_found, parse_go_duration
+from controller.lab.simulator.views import (
     alloc_full,
     alloc_stub,
     eval_view,

@@ -61,7 +61,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from controller.simulator import SimServer, Simulator, start_sim
+from controller.lab.simulator import SimServer, Simulator, start_sim
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -1265,7 +1265,7 @@ def main(args: argparse.Namespace) -> int:
     markdown = getattr(args, "markdown", None)
     if markdown:
         command = (
-            f"python -m controller.chaos --minutes {minutes:g} --seed {seeds[0]} "
+            f"python -m controller.lab.chaos --minutes {minutes:g} --seed {seeds[0]} "
             f"--markdown {markdown}"
         )
         Path(markdown).write_text(render_markdown(reports, command))
@@ -1274,7 +1274,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m controller.chaos", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m controller.lab.chaos", description=__doc__)
     parser.add_argument("--minutes", type=float, default=5.0)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", dest="json_file")

@@ -25,16 +25,16 @@ from rich.table import Table
 from rich.text import Text
 
 from controller.api.app import pool_summaries
-from controller.cli import EXIT_FAILURE, EXIT_OK
-from controller.engine.types import RunnerState
-from controller.invariants import NomadJob, PoolSnapshot, check_invariants
+from controller.core.types import RunnerState
+from controller.errors import EXIT_FAILURE, EXIT_OK
+from controller.lab.invariants import NomadJob, PoolSnapshot, check_invariants
+from controller.lab.simulator import SimServer, Simulator, start_sim
 from controller.nomad.config import NomadConfig
 from controller.nomad.jobs import META_POOL
-from controller.simulator import SimServer, Simulator, start_sim
 from controller.standalone import Controller, Settings
 from controller.status_command import pools_table
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "pools.yaml"
+EXAMPLES = Path(__file__).resolve().parent / "examples" / "pools.yaml"
 SETTLE_SECONDS = 20.0
 START_DELAY = 0.3
 RESYNC_SECONDS = 2.0

@@ -6,7 +6,7 @@ import copy
 import json
 from typing import Any
 
-from controller.simulator.util import JSON, bad_request
+from controller.lab.simulator.util import JSON, bad_request
 
 _NS = 1_000_000_000
 _MIN = 60 * _NS

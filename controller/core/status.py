@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from controller.engine.types import (
+from controller.core.types import (
     PoolMode,
     PoolPolicy,
     Runner,

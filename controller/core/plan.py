@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from controller.engine.classify import to_ns
-from controller.engine.types import (
+from controller.core.classify import to_ns
+from controller.core.types import (
     TOMBSTONE_RETENTION,
     ClaimRecord,
     ClaimState,

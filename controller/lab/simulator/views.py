@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from controller.simulator.state import ALWAYS, JobRecord, Simulator
-from controller.simulator.util import JSON, omit_empty
+from controller.lab.simulator.state import ALWAYS, JobRecord, Simulator
+from controller.lab.simulator.util import JSON, omit_empty
 
 _STUB_FIELDS = (
     "ID",

@@ -10,7 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.simulator.util import JSON
+from controller.lab.simulator.util import JSON
 
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 

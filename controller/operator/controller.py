@@ -40,10 +40,10 @@ import kopf
 from kopf._core.engines import daemons as kopf_daemons
 from pydantic import ValidationError
 
-from controller.cli import UsageError
+from controller.core.status import Condition, PoolStatus, compute_status
+from controller.core.types import PoolMode, PoolPolicy, format_time, parse_time
 from controller.engine.reconciler import utcnow
-from controller.engine.status import Condition, PoolStatus, compute_status
-from controller.engine.types import PoolMode, PoolPolicy, format_time, parse_time
+from controller.errors import UsageError
 from controller.model import (
     API_VERSION,
     KIND,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
-from controller.engine.types import (
+from controller.core.types import (
     AllocationView,
     ClaimRecord,
     JobView,

@@ -17,8 +17,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
-from controller.engine.reconciler import Engine, ManagedPool
-from controller.engine.types import (
+from controller.core.types import (
     ClaimRecord,
     ClaimState,
     MalformedClaim,
@@ -29,6 +28,7 @@ from controller.engine.types import (
     format_time,
     request_path,
 )
+from controller.engine.reconciler import Engine, ManagedPool
 from controller.nomad.errors import NomadConflict, NomadError
 from controller.nomad.jobs import RUNNER_ID_PATTERN, is_runner_id
 

@@ -45,11 +45,11 @@ from rich.console import Console
 from rich.table import Table
 
 from controller.api.app import TokenSet, create_app
-from controller.claims import ClaimService
-from controller.cli import EXIT_FAILURE, EXIT_OK
+from controller.claims.service import ClaimService
+from controller.core.status import count
+from controller.core.types import CLAIMS_PREFIX, RunnerState
 from controller.engine.reconciler import Engine
-from controller.engine.status import count
-from controller.engine.types import CLAIMS_PREFIX, RunnerState
+from controller.errors import EXIT_FAILURE, EXIT_OK
 from controller.metrics import Metrics
 from controller.model import RunnerPool
 from controller.nomad.client import NomadClient
@@ -173,7 +173,7 @@ def _sim_child(conn: Connection, options: SimOptions) -> None:
 
 
 async def _sim_serve(conn: Connection, options: SimOptions) -> None:
-    from controller.simulator import Simulator, start_sim
+    from controller.lab.simulator import Simulator, start_sim
 
     sim = Simulator(
         nodes=list(options.nodes),

@@ -18,15 +18,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.simulator.events import Event, EventBroker
-from controller.simulator.jobspec import (
+from controller.lab.simulator.events import Event, EventBroker
+from controller.lab.simulator.jobspec import (
     canonicalize,
     group_images,
     group_key,
     group_resources,
     spec_of,
 )
-from controller.simulator.util import JSON, ApiError, bad_request, not_found, omit_empty
+from controller.lab.simulator.util import JSON, ApiError, bad_request, not_found, omit_empty
 
 TERMINAL = frozenset({"complete", "failed", "lost"})
 ALWAYS = frozenset({"DesiredTransition"})

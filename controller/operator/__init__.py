@@ -1,0 +1,1 @@
+"""`poolkeeper operator`: the controller driven by RunnerPool custom resources (kopf)."""
