@@ -17,7 +17,8 @@ from aiohttp import web
 
 from controller.api.app import TokenSet, create_app, read_token_file
 from controller.claims.service import ClaimService
-from controller.engine.reconciler import Clock, Engine, StatusSink, utcnow
+from controller.core.times import utcnow
+from controller.engine.reconciler import Clock, Engine, StatusSink
 from controller.errors import UsageError
 from controller.metrics import Metrics
 from controller.nomad.client import NomadClient

@@ -9,8 +9,9 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from controller.core.types import PoolMode
-from controller.engine.reconciler import Clock, utcnow
+from controller.core.times import utcnow
+from controller.core.views import PoolMode
+from controller.engine.reconciler import Clock
 from controller.errors import UsageError
 from controller.model import DeletionPolicy, RunnerPool
 from controller.nomad.config import NomadConfig

@@ -14,7 +14,7 @@ from controller.api import claims_routes
 from controller.api.common import ApiError
 from controller.api.openapi import document
 from controller.claims.service import ClaimError, ClaimService
-from controller.core.types import PoolMode
+from controller.core.views import PoolMode
 from controller.engine.reconciler import Engine
 from controller.metrics import Metrics
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from controller import __version__
 from controller.claims.service import MAX_WAIT_SECONDS, REQUEST_ID_PATTERN
-from controller.nomad.jobs import RUNNER_ID_PATTERN
+from controller.core.runner_ids import RUNNER_ID_PATTERN
 
 
 def _error(description: str) -> dict[str, Any]:

@@ -17,20 +17,12 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
-from controller.core.types import (
-    ClaimRecord,
-    ClaimState,
-    MalformedClaim,
-    PoolMode,
-    Runner,
-    RunnerState,
-    claim_path,
-    format_time,
-    request_path,
-)
+from controller.core.claims import ClaimRecord, ClaimState, MalformedClaim, claim_path, request_path
+from controller.core.runner_ids import RUNNER_ID_PATTERN, is_runner_id
+from controller.core.times import format_time
+from controller.core.views import PoolMode, Runner, RunnerState
 from controller.engine.reconciler import Engine, ManagedPool
 from controller.nomad.errors import NomadConflict, NomadError
-from controller.nomad.jobs import RUNNER_ID_PATTERN, is_runner_id
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +85,7 @@ def claim_view(
         "runnerId": record.runner_id,
         "pool": record.pool,
         "allocationId": record.allocation_id,
-        "nodeName": node_name or record.extra.get("nodeName", ""),
+        "nodeName": node_name or record.node_name,
         "claimedAt": format_time(record.claimed_at),
         "expiresAt": format_time(record.expires_at),
         "inactivityTimeoutSeconds": record.inactivity_timeout_seconds,
@@ -239,7 +231,7 @@ class ClaimService:
             request_id=request_id,
             state=ClaimState.CLAIMED,
             allocation_restarts=runner.allocation.restarts,
-            extra={"nodeName": runner.allocation.node_name},
+            node_name=runner.allocation.node_name,
         )
         try:
             stored = await self.client.put_variable(

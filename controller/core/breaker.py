@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from controller.core.types import Runner, RunnerState
+from controller.core.views import Runner, RunnerState
 
 FAILURE_THRESHOLD = 3
 BASE_BACKOFF = timedelta(seconds=2)

@@ -8,25 +8,18 @@ starting runner (the seed bug of shared/reference/seed-poseidon-...).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 
-from controller.core.types import (
+from controller.core.claims import ClaimRecord
+from controller.core.times import NS_PER_SECOND, to_ns
+from controller.core.views import (
     AllocationView,
-    ClaimRecord,
     JobView,
     PoolObservation,
     PoolPolicy,
     Runner,
     RunnerState,
 )
-
-_NS_PER_SECOND = 1_000_000_000
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def to_ns(moment: datetime) -> int:
-    """Unix nanoseconds of an aware datetime (Nomad's time unit)."""
-    return (moment - _EPOCH) // timedelta(microseconds=1) * 1000
 
 
 def _newest_first(alloc: AllocationView) -> tuple[int, int, str]:
@@ -108,10 +101,10 @@ def _classify_job(
     if job.dead:
         return runner(RunnerState.FAILED, "job is dead without a running allocation")
     waited_ns = now_ns - starting_since
-    if waited_ns >= policy.startup_timeout_seconds * _NS_PER_SECOND:
+    if waited_ns >= policy.startup_timeout_seconds * NS_PER_SECOND:
         return runner(
             RunnerState.FAILED,
-            f"not running {waited_ns // _NS_PER_SECOND} s after start "
+            f"not running {waited_ns // NS_PER_SECOND} s after start "
             f"(startup timeout {policy.startup_timeout_seconds} s)",
         )
     if counting is None:

@@ -11,17 +11,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from controller.core.classify import to_ns
-from controller.core.types import (
-    TOMBSTONE_RETENTION,
-    ClaimRecord,
-    ClaimState,
-    PoolMode,
-    PoolObservation,
-    PoolPolicy,
-    Runner,
-    RunnerState,
-)
+from controller.core.claims import TOMBSTONE_RETENTION, ClaimRecord, ClaimState
+from controller.core.times import to_ns
+from controller.core.views import PoolMode, PoolObservation, PoolPolicy, Runner, RunnerState
 
 
 class DestroyReason(StrEnum):

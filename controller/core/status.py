@@ -11,14 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from controller.core.types import (
-    PoolMode,
-    PoolPolicy,
-    Runner,
-    RunnerState,
-    format_time,
-    parse_time,
-)
+from controller.core.times import format_time, parse_time
+from controller.core.views import PoolMode, PoolPolicy, Runner, RunnerState
 
 STATUS_REFRESH = timedelta(seconds=60)
 SELECTOR_LABEL = "poolkeeper.dev/pool"

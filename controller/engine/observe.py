@@ -18,16 +18,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.core.types import (
-    CLAIMS_PREFIX,
-    AllocationView,
-    ClaimRecord,
-    JobView,
-    MalformedClaim,
-)
+from controller.core.claims import CLAIMS_PREFIX, ClaimRecord, MalformedClaim
+from controller.core.runner_ids import META_POOL
+from controller.core.views import AllocationView, JobView
 from controller.engine.offload import compute
 from controller.nomad.client import NomadClient
-from controller.nomad.jobs import META_POOL
 
 log = logging.getLogger(__name__)
 

@@ -23,27 +23,24 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from controller.core import breaker as breakers
+from controller.core.claims import ClaimRecord, ClaimState, claim_path, request_path
 from controller.core.classify import classify
 from controller.core.plan import Destroy, DestroyReason, Plan, plan
+from controller.core.runner_ids import is_runner_id, new_runner_id, runner_prefix
+from controller.core.split import split_observation
 from controller.core.status import PoolStatus, compute_status, count, needs_write
-from controller.core.types import (
-    ClaimRecord,
-    ClaimState,
+from controller.core.times import format_time, parse_time, utcnow
+from controller.core.views import (
     JobView,
     PoolMode,
     PoolObservation,
     PoolPolicy,
     Runner,
     RunnerState,
-    claim_path,
-    format_time,
-    parse_time,
-    request_path,
-    split_observation,
 )
 from controller.engine.observe import (
     ClaimCache,
@@ -57,14 +54,7 @@ from controller.metrics import Metrics
 from controller.model import RunnerPool
 from controller.nomad.client import NomadClient
 from controller.nomad.errors import NomadConflict, NomadError
-from controller.nomad.jobs import (
-    is_runner_id,
-    new_runner_id,
-    render_job,
-    runner_job,
-    runner_prefix,
-    template_hash,
-)
+from controller.nomad.jobs import render_job, runner_job, template_hash
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +71,6 @@ _CLOCK_FREE_STATES = frozenset({RunnerState.IDLE, RunnerState.OUTDATED, RunnerSt
 APPLY_CONCURRENCY = 32
 # Abandoned request records are looked for this often (one extra list call per namespace).
 REQUEST_GC_SECONDS = 30.0
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 def drain_path(key: str) -> str:

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from controller.core.classify import to_ns
-from controller.core.types import REQUESTS_PREFIX, ClaimRecord
+from controller.core.claims import REQUESTS_PREFIX, ClaimRecord
+from controller.core.times import to_ns
 from controller.nomad.client import NomadClient
 from controller.nomad.errors import NomadConflict
 

@@ -46,8 +46,9 @@ from rich.table import Table
 
 from controller.api.app import TokenSet, create_app
 from controller.claims.service import ClaimService
+from controller.core.claims import CLAIMS_PREFIX
 from controller.core.status import count
-from controller.core.types import CLAIMS_PREFIX, RunnerState
+from controller.core.views import RunnerState
 from controller.engine.reconciler import Engine
 from controller.errors import EXIT_FAILURE, EXIT_OK
 from controller.metrics import Metrics

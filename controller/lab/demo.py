@@ -25,12 +25,12 @@ from rich.table import Table
 from rich.text import Text
 
 from controller.api.app import pool_summaries
-from controller.core.types import RunnerState
+from controller.core.runner_ids import META_POOL
+from controller.core.views import RunnerState
 from controller.errors import EXIT_FAILURE, EXIT_OK
 from controller.lab.invariants import NomadJob, PoolSnapshot, check_invariants
 from controller.lab.simulator import SimServer, Simulator, start_sim
 from controller.nomad.config import NomadConfig
-from controller.nomad.jobs import META_POOL
 from controller.standalone import Controller, Settings
 from controller.status_command import pools_table
 

@@ -41,8 +41,8 @@ from kopf._core.engines import daemons as kopf_daemons
 from pydantic import ValidationError
 
 from controller.core.status import Condition, PoolStatus, compute_status
-from controller.core.types import PoolMode, PoolPolicy, format_time, parse_time
-from controller.engine.reconciler import utcnow
+from controller.core.times import format_time, parse_time, utcnow
+from controller.core.views import PoolMode, PoolPolicy
 from controller.errors import UsageError
 from controller.model import (
     API_VERSION,

@@ -13,12 +13,13 @@ import aiohttp
 import pytest
 import yaml
 
-from controller.core.types import RunnerState
-from controller.engine.reconciler import Clock, utcnow
+from controller.core.runner_ids import META_POOL
+from controller.core.times import utcnow
+from controller.core.views import RunnerState
+from controller.engine.reconciler import Clock
 from controller.lab.invariants import NomadJob, PoolSnapshot, check_invariants
 from controller.lab.simulator import SimServer, Simulator, start_sim
 from controller.nomad.config import NomadConfig
-from controller.nomad.jobs import META_POOL
 from controller.standalone import Controller, Settings
 
 TOKEN = "test-api-token"

@@ -9,7 +9,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from controller.core.types import RunnerState, claim_path
+from controller.core.claims import claim_path
+from controller.core.views import RunnerState
 
 from .conftest import TOKEN, FakeClock, Harness, pool_doc, wait_until, write_pools
 

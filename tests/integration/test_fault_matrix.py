@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from controller.core.types import RunnerState
+from controller.core.runner_ids import META_POOL
+from controller.core.views import RunnerState
 from controller.engine import reconciler
 from controller.nomad.errors import NomadUnavailable
-from controller.nomad.jobs import META_POOL
 from controller.standalone import Controller
 
 from .conftest import Harness, pool_doc, wait_until, write_pools

@@ -16,8 +16,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from controller.core.runner_ids import META_POOL
 from controller.lab.simulator import SimServer, Simulator, start_sim
-from controller.nomad.jobs import META_POOL
 
 from .conftest import pool_doc, wait_until, write_pools
 

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from controller.core.types import RunnerState
-from controller.nomad.jobs import META_POOL, META_TEMPLATE
+from controller.core.runner_ids import META_POOL, META_TEMPLATE
+from controller.core.views import RunnerState
 
 from .conftest import Harness, pool_doc, wait_until, write_pools
 

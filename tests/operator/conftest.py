@@ -20,9 +20,9 @@ import pytest
 import yaml
 
 from controller.cli import build_parser
+from controller.core.runner_ids import META_POOL
 from controller.lab.simulator import SimServer, Simulator, start_sim
 from controller.nomad.config import NomadConfig
-from controller.nomad.jobs import META_POOL
 from controller.operator.controller import (
     OperatorController,
     OperatorOptions,

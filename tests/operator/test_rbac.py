@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controller.nomad.jobs import META_POOL
+from controller.core.runner_ids import META_POOL
 from tests.operator.conftest import (
     GROUP,
     PEERING,

@@ -16,7 +16,7 @@ from controller.core.breaker import (
     record,
 )
 from controller.core.classify import classify
-from controller.core.types import RunnerState
+from controller.core.views import RunnerState
 from tests.unit.test_classify import NOW, POLICY, alloc, claim, job, observe
 
 CLOSED = BreakerState()

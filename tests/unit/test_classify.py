@@ -12,21 +12,17 @@ from typing import Any
 
 import pytest
 
-from controller.core.classify import classify, counting_allocation, to_ns
-from controller.core.types import (
+from controller.core.claims import ClaimRecord, ClaimState, MalformedClaim, claim_path
+from controller.core.classify import classify, counting_allocation
+from controller.core.split import split_observation
+from controller.core.times import format_time, parse_time, to_ns
+from controller.core.views import (
     AllocationView,
-    ClaimRecord,
-    ClaimState,
     JobView,
-    MalformedClaim,
     PoolObservation,
     PoolPolicy,
     Runner,
     RunnerState,
-    claim_path,
-    format_time,
-    parse_time,
-    split_observation,
 )
 
 NOW = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)

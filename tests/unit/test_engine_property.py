@@ -26,12 +26,12 @@ from typing import TypeVar
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.core.classify import classify, to_ns
+from controller.core.claims import ClaimRecord, ClaimState
+from controller.core.classify import classify
 from controller.core.plan import DestroyReason, Plan, plan
-from controller.core.types import (
+from controller.core.times import to_ns
+from controller.core.views import (
     AllocationView,
-    ClaimRecord,
-    ClaimState,
     JobView,
     PoolMode,
     PoolObservation,

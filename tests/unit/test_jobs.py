@@ -10,20 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.model import RunnerPool
-from controller.nomad.jobs import (
+from controller.core.runner_ids import (
     META_POOL,
     META_TEMPLATE,
     RUNNER_ID_PATTERN,
     is_runner_id,
-    merge_objects,
     new_runner_id,
-    port_label,
-    render_job,
-    runner_job,
     runner_prefix,
-    template_hash,
 )
+from controller.model import RunnerPool
+from controller.nomad.jobs import merge_objects, port_label, render_job, runner_job, template_hash
 
 
 def make_pool(

@@ -8,19 +8,10 @@ from datetime import timedelta
 
 import pytest
 
+from controller.core.claims import TOMBSTONE_RETENTION, ClaimRecord, ClaimState
 from controller.core.classify import classify
 from controller.core.plan import DestroyReason, Plan, plan
-from controller.core.types import (
-    TOMBSTONE_RETENTION,
-    AllocationView,
-    ClaimRecord,
-    ClaimState,
-    JobView,
-    PoolMode,
-    PoolPolicy,
-    Runner,
-    RunnerState,
-)
+from controller.core.views import AllocationView, JobView, PoolMode, PoolPolicy, Runner, RunnerState
 from tests.unit.test_classify import NOW, POLICY, alloc, claim, job, observe, rid
 
 

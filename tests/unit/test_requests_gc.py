@@ -1,7 +1,7 @@
 from datetime import UTC, datetime, timedelta
 
-from controller.core.classify import to_ns
-from controller.core.types import ClaimRecord, ClaimState
+from controller.core.claims import ClaimRecord, ClaimState
+from controller.core.times import to_ns
 from controller.engine.requests_gc import REQUEST_GRACE, abandoned_requests
 
 NOW = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)

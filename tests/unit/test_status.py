@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
+from controller.core.claims import ClaimState
 from controller.core.classify import classify
 from controller.core.status import (
     PoolStatus,
@@ -15,7 +16,7 @@ from controller.core.status import (
     needs_write,
     status_changed,
 )
-from controller.core.types import ClaimState, PoolMode, PoolPolicy, Runner
+from controller.core.views import PoolMode, PoolPolicy, Runner
 from tests.unit.test_classify import NOW, POLICY, alloc, claim, job, observe, rid
 
 LATER = NOW + timedelta(seconds=30)
