@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     operator.add_argument(
         "--liveness", help="kopf liveness endpoint, e.g. http://0.0.0.0:8081/healthz"
     )
-    operator.set_defaults(handler=_command("controller.operator.controller"))
+    operator.set_defaults(handler=_command("controller.operator.handlers"))
 
     sim = commands.add_parser("sim", help="a Nomad HTTP API simulator")
     sim.add_argument("--listen", default="127.0.0.1:4646")

@@ -15,10 +15,13 @@ from pathlib import Path
 
 from aiohttp import web
 
-from controller.api.app import TokenSet, create_app, read_token_file
+from controller.api.app import create_app
+from controller.api.auth import TokenSet, read_token_file
 from controller.claims.service import ClaimService
+from controller.core.events import EventSink, PoolEvent
 from controller.core.times import utcnow
-from controller.engine.reconciler import Clock, Engine, StatusSink
+from controller.engine.engine import Clock, Engine
+from controller.engine.publish import StatusSink
 from controller.errors import UsageError
 from controller.metrics import Metrics
 from controller.nomad.client import NomadClient
@@ -87,6 +90,12 @@ def read_api_tokens(token_file: Path | None) -> list[str]:
     return tokens
 
 
+def log_event(event: PoolEvent) -> None:
+    """What happened to a pool, as a log line (the operator also posts a Kubernetes Event)."""
+    level = logging.WARNING if event.warning else logging.INFO
+    log.log(level, "pool %s: %s: %s", event.pool, event.reason, event.message)
+
+
 class Service:
     def __init__(
         self,
@@ -95,6 +104,7 @@ class Service:
         *,
         clock: Clock = utcnow,
         on_status: StatusSink | None = None,
+        on_event: EventSink = log_event,
     ) -> None:
         self.service_settings = settings
         self.nomad = nomad
@@ -106,6 +116,7 @@ class Service:
             resync_seconds=settings.resync_seconds,
             clock=clock,
             on_status=on_status,
+            on_event=on_event,
             reconcile=settings.reconcile,
             home_namespace=nomad.namespace or "default",
             prune=settings.prune,

@@ -1,4 +1,4 @@
-"""`poolkeeper run`: the controller with pools read from YAML files (CONTRACT.md §3)."""
+"""`poolkeeper run`: the controller with pools read from YAML files."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from controller.core.problems import PoolProblem
 from controller.core.times import utcnow
-from controller.core.views import PoolMode
-from controller.engine.reconciler import Clock
+from controller.engine.engine import Clock
 from controller.errors import UsageError
-from controller.model import DeletionPolicy, RunnerPool
+from controller.model import RunnerPool
 from controller.nomad.config import NomadConfig
 from controller.service import (
     Service,
@@ -23,15 +23,11 @@ from controller.service import (
     start_logging,
 )
 from controller.sources.files import ConfigError as PoolPathError
-from controller.sources.files import load_pools, reload
+from controller.sources.files import load_pools
+from controller.sources.registration import removal
+from controller.sources.reload import reload
 
 log = logging.getLogger(__name__)
-
-DELETION_MODES = {
-    DeletionPolicy.DRAIN: PoolMode.DRAIN,
-    DeletionPolicy.DELETE: PoolMode.DELETE,
-    DeletionPolicy.ORPHAN: None,
-}
 
 
 @dataclass(frozen=True)
@@ -46,6 +42,7 @@ class Controller(Service):
         super().__init__(settings, nomad, clock=clock)
         self.settings = settings
         self.pools: dict[str, RunnerPool] = {}
+        self.refusals: dict[str, PoolProblem] = {}
         self._resuming: asyncio.Task[None] | None = None
 
     async def start(self) -> str:
@@ -75,23 +72,24 @@ class Controller(Service):
             return
         for problem in result.errors:
             log.error("%s", problem)
-        self.engine.protected = {e.key for e in result.errors if e.key}
+        self.engine.set_protected({e.key for e in result.errors if e.key})
         outcome = reload({} if initial else self.pools, result)
-        for refusal in outcome.refused:
-            log.error("%s", refusal)
+        for refused in outcome.refused:
+            log.error("%s", refused)
         for pool in outcome.pools.values():
-            if self.pools.get(pool.key) != pool:
-                self.engine.upsert_pool(pool)
+            refusal = outcome.refusals.get(pool.key)
+            if self.pools.get(pool.key) != pool or self.refusals.get(pool.key) != refusal:
+                self.engine.upsert_pool(pool, refusal=refusal)
         for key in outcome.removed:
             removed = self.pools[key]
-            mode = DELETION_MODES[removed.spec.deletion_policy]
             log.info(
                 "pool %s removed from the files: deletionPolicy %s",
                 key,
                 removed.spec.deletion_policy,
             )
-            self.engine.remove_pool(key, mode, removed.spec.drain_timeout_seconds)
+            self.engine.remove_pool(key, *removal(removed, self.engine.clock()))
         self.pools = dict(outcome.pools)
+        self.refusals = dict(outcome.refusals)
         if not initial:
             self.sync_watchers()
 

@@ -1,8 +1,9 @@
-"""Claims: handing out runners exactly once (CONTRACT.md §5 and §6).
+"""ClaimService: claims, keepalives and releases as the API serves them, over the claim
+protocol of controller/claims/__init__.py.
 
-Every change of a claim is a check-and-set on its Nomad variable, so any number of
-processes can serve claims at once: of two claimers of one runner exactly one wins, and a
-keepalive racing an expiry has exactly one winner too.
+Runners are offered from the pool's last observation; a runner this process claimed is
+not offered again until an observation that started later shows it claimed. Any Nomad
+failure becomes a 503 `NomadUnavailable` for the client to retry, never a 500.
 """
 
 from __future__ import annotations
@@ -10,46 +11,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
-from datetime import timedelta
+from dataclasses import dataclass
 from typing import Any
 
-from controller.core.claims import ClaimRecord, ClaimState, MalformedClaim, claim_path, request_path
+from controller.claims.store import ClaimStore
+from controller.core.claims import ClaimRecord, ClaimState, MalformedClaim, RequestRecord
 from controller.core.runner_ids import RUNNER_ID_PATTERN, is_runner_id
 from controller.core.times import format_time
-from controller.core.views import PoolMode, Runner, RunnerState
-from controller.engine.reconciler import Engine, ManagedPool
-from controller.nomad.errors import NomadConflict, NomadError
+from controller.core.views import Runner, RunnerState
+from controller.engine.engine import Engine
+from controller.engine.registry import PoolView
+from controller.errors import ErrorCode, ServiceError
+from controller.nomad.errors import NomadError
 
 log = logging.getLogger(__name__)
 
-REQUEST_ID_PATTERN = re.compile(r"^[A-Za-z0-9_~-]{1,64}$")
 MAX_WAIT_SECONDS = 30.0
 REQUEST_RECORD_WAIT_SECONDS = 2.0
-
-GONE_REASONS = {
-    ClaimState.RELEASED: "Released",
-    ClaimState.EXPIRED: "Expired",
-    ClaimState.LOST: "AllocationLost",
-    ClaimState.RETIRED: "Retired",
-}
-
-
-class ClaimError(Exception):
-    """A claim request that cannot be served; the API maps `kind` to a status code."""
-
-    def __init__(self, kind: str, message: str, *, reason: str | None = None) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-        self.reason = reason
-
-
-def invalid(message: str) -> ClaimError:
-    return ClaimError("InvalidRequest", message)
+# How often a keepalive or release re-reads a claim that changed under it before giving up.
+CAS_ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -58,34 +40,14 @@ class ClaimRequest:
     request_id: str | None = None
     wait_seconds: float = 0.0
 
-    @classmethod
-    def from_body(cls, body: dict[str, Any]) -> ClaimRequest:
-        unknown = set(body) - {"inactivityTimeoutSeconds", "requestId", "waitSeconds"}
-        if unknown:
-            raise invalid(f"unknown fields: {', '.join(sorted(unknown))}")
-        timeout = body.get("inactivityTimeoutSeconds")
-        if timeout is not None and (type(timeout) is not int or timeout <= 0):
-            raise invalid("inactivityTimeoutSeconds must be a positive integer")
-        request_id = body.get("requestId")
-        if request_id is not None and (
-            not isinstance(request_id, str) or not REQUEST_ID_PATTERN.match(request_id)
-        ):
-            raise invalid("requestId must be 1-64 characters of [A-Za-z0-9_~-]")
-        wait = body.get("waitSeconds", 0)
-        if type(wait) not in (int, float) or not 0 <= wait <= MAX_WAIT_SECONDS:
-            raise invalid(f"waitSeconds must be a number from 0 to {MAX_WAIT_SECONDS:g}")
-        return cls(timeout, request_id, float(wait))
 
-
-def claim_view(
-    record: ClaimRecord, node_name: str = "", ports: dict[str, int] | None = None
-) -> dict[str, Any]:
+def claim_view(record: ClaimRecord, ports: dict[str, int] | None = None) -> dict[str, Any]:
     """The API's claim object."""
     return {
         "runnerId": record.runner_id,
         "pool": record.pool,
         "allocationId": record.allocation_id,
-        "nodeName": node_name or record.node_name,
+        "nodeName": record.node_name,
         "claimedAt": format_time(record.claimed_at),
         "expiresAt": format_time(record.expires_at),
         "inactivityTimeoutSeconds": record.inactivity_timeout_seconds,
@@ -94,15 +56,21 @@ def claim_view(
     }
 
 
-def gone(record: ClaimRecord) -> ClaimError:
-    reason = GONE_REASONS.get(record.state, "Released")
-    return ClaimError("RunnerGone", f"runner {record.runner_id} is gone: {reason}", reason=reason)
+def gone(record: ClaimRecord) -> ServiceError:
+    reason = record.gone_reason
+    return ServiceError(
+        ErrorCode.RUNNER_GONE, f"runner {record.runner_id} is gone: {reason}", reason=reason
+    )
+
+
+def unavailable(error: NomadError) -> ServiceError:
+    return ServiceError(ErrorCode.NOMAD_UNAVAILABLE, f"Nomad did not answer: {error}")
 
 
 class ClaimService:
     def __init__(self, engine: Engine, *, rng: random.Random | None = None) -> None:
         self.engine = engine
-        self.client = engine.client
+        self.store: ClaimStore = engine.store
         self.metrics = engine.metrics
         self.rng = rng or random.Random()
         # Runners this process claimed, by when: not offered again until an observation that
@@ -120,63 +88,68 @@ class ClaimService:
         """Claim one idle runner. Returns (claim, created): created is False when an earlier
         claim with the same requestId is answered again."""
         key = f"{namespace}/{name}"
-        managed = self.engine.pools.get(key)
-        if managed is None or managed.pool is None or managed.policy.mode is not PoolMode.ACTIVE:
-            raise ClaimError("PoolNotFound", f"pool {key} is not known or is being removed")
+        view = self._claimable_pool(key)
         started = time.perf_counter()
         result = "error"
         try:
-            inactivity = self._inactivity_seconds(managed, request)
+            inactivity = self._inactivity_seconds(view, request)
             if request.request_id is None:
-                claim, created = (
-                    await self._claim_runner(managed, inactivity, None, request.wait_seconds),
-                    True,
-                )
+                claim = await self._claim_runner(view, inactivity, None, request.wait_seconds)
+                created = True
             else:
-                claim, created = await self._claim_with_request_id(managed, inactivity, request)
+                claim, created = await self._claim_with_request_id(view, inactivity, request)
             result = "claimed" if created else "repeated"
             return claim, created
-        except ClaimError as error:
-            result = {"PoolEmpty": "empty"}.get(error.kind, "rejected")
+        except ServiceError as error:
+            result = "empty" if error.code is ErrorCode.POOL_EMPTY else "rejected"
             raise
         except NomadError as error:
             # Whatever Nomad failed at (a read while answering a repeated requestId, an
             # unexpected conflict), the client gets a 503 to retry, never a 500.
-            raise ClaimError("NomadUnavailable", f"Nomad did not answer: {error}") from None
+            raise unavailable(error) from None
         finally:
             self.metrics.claims_total.labels(pool=key, result=result).inc()
             self.metrics.claim_duration.observe(time.perf_counter() - started)
 
-    def _inactivity_seconds(self, managed: ManagedPool, request: ClaimRequest) -> int:
-        assert managed.pool is not None  # only active pools take claims
-        claims = managed.pool.spec.claims
+    def _claimable_pool(self, key: str) -> PoolView:
+        view = self.engine.pools.get(key)
+        if view is None or not view.active:
+            raise ServiceError(
+                ErrorCode.POOL_NOT_FOUND, f"pool {key} is not known or is being removed"
+            )
+        if view.conflict is not None:
+            raise ServiceError(ErrorCode.PREFIX_CONFLICT, view.conflict.message)
+        return view
+
+    def _inactivity_seconds(self, view: PoolView, request: ClaimRequest) -> int:
+        assert view.pool is not None  # only active pools take claims
+        claims = view.pool.spec.claims
         if request.inactivity_timeout_seconds is None:
             return claims.default_inactivity_timeout_seconds
         if request.inactivity_timeout_seconds > claims.max_inactivity_timeout_seconds:
-            raise invalid(
+            raise ServiceError(
+                ErrorCode.INVALID_REQUEST,
                 f"inactivityTimeoutSeconds {request.inactivity_timeout_seconds} exceeds the "
-                f"pool's maximum of {claims.max_inactivity_timeout_seconds}"
+                f"pool's maximum of {claims.max_inactivity_timeout_seconds}",
             )
         return request.inactivity_timeout_seconds
 
     async def _claim_runner(
-        self, managed: ManagedPool, inactivity: int, request_id: str | None, wait_seconds: float
+        self, view: PoolView, inactivity: int, request_id: str | None, wait_seconds: float
     ) -> dict[str, Any]:
         deadline = time.monotonic() + wait_seconds
         while True:
-            for runner in self._candidates(managed):
-                record = await self._try_claim(managed, runner, inactivity, request_id)
+            for runner in self._candidates(view):
+                record = await self._try_claim(view, runner, inactivity, request_id)
                 if record is not None:
-                    self.engine.hint_namespace(managed.policy.nomad_namespace)
-                    return claim_view(
-                        record, runner.allocation.node_name if runner.allocation else ""
-                    )
+                    self.engine.hint_namespace(view.policy.nomad_namespace)
+                    return claim_view(record)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise ClaimError("PoolEmpty", f"pool {managed.key} has no idle runner")
-            await self.engine.wait_for_observation(managed.key, within=remaining)
+                raise ServiceError(ErrorCode.POOL_EMPTY, f"pool {view.key} has no idle runner")
+            await self.engine.wait_for_observation(view.key, within=remaining)
 
-    def _candidates(self, managed: ManagedPool) -> Iterator[Runner]:
+    def _candidates(self, view: PoolView) -> Iterator[Runner]:
         """Idle runners (current template first, then outdated) in random order, skipping
         those this process claimed since the pool was last observed.
 
@@ -186,11 +159,11 @@ class ClaimService:
         each runner comes up, so a claim costs what it tries rather than the size of the
         pool, and a runner a concurrent claimer took meanwhile is skipped instead of
         costing a lost check-and-set."""
-        taken = self._taken.setdefault(managed.key, {})
+        taken = self._taken.setdefault(view.key, {})
         for runner_id, when in list(taken.items()):
-            if when < managed.observation_started:
+            if when < view.observation_started:
                 del taken[runner_id]
-        current, outdated = self._idle(managed)
+        current, outdated = self._idle(view)
         for group in (current, outdated):
             swapped: dict[int, int] = {}
             for i in range(len(group)):
@@ -201,91 +174,67 @@ class ClaimService:
                 if runner.id not in taken:
                     yield runner
 
-    def _idle(self, managed: ManagedPool) -> tuple[list[Runner], list[Runner]]:
+    def _idle(self, view: PoolView) -> tuple[list[Runner], list[Runner]]:
         """The pool's idle and outdated runners as the last pass saw them, computed once
         per pass rather than once per claim."""
-        cached = self._idle_cache.get(managed.key)
-        if cached is not None and cached[0] is managed.runners:
+        runners = view.runners
+        cached = self._idle_cache.get(view.key)
+        if cached is not None and cached[0] is runners:
             return cached[1], cached[2]
-        current = [r for r in managed.runners if r.state is RunnerState.IDLE]
-        outdated = [r for r in managed.runners if r.state is RunnerState.OUTDATED]
-        self._idle_cache[managed.key] = (managed.runners, current, outdated)
+        current = [r for r in runners if r.state is RunnerState.IDLE]
+        outdated = [r for r in runners if r.state is RunnerState.OUTDATED]
+        self._idle_cache[view.key] = (runners, current, outdated)
         return current, outdated
 
     async def _try_claim(
-        self, managed: ManagedPool, runner: Runner, inactivity: int, request_id: str | None
+        self, view: PoolView, runner: Runner, inactivity: int, request_id: str | None
     ) -> ClaimRecord | None:
         assert runner.allocation is not None  # idle runners always have a running allocation
-        self._taken.setdefault(managed.key, {})[runner.id] = time.monotonic()
-        now = self.engine.clock()
-        record = ClaimRecord(
+        self._taken.setdefault(view.key, {})[runner.id] = time.monotonic()
+        record = ClaimRecord.new(
             runner_id=runner.id,
-            namespace=managed.policy.nomad_namespace,
-            modify_index=0,
-            modify_time_ns=0,
-            pool=managed.key,
+            namespace=view.policy.nomad_namespace,
+            pool=view.key,
             allocation_id=runner.allocation.id,
-            claimed_at=now,
-            expires_at=now + timedelta(seconds=inactivity),
+            now=self.engine.clock(),
             inactivity_timeout_seconds=inactivity,
             request_id=request_id,
-            state=ClaimState.CLAIMED,
             allocation_restarts=runner.allocation.restarts,
             node_name=runner.allocation.node_name,
         )
-        try:
-            stored = await self.client.put_variable(
-                claim_path(runner.id), record.to_items(), record.namespace, cas=0
-            )
-        except NomadConflict:
-            return None  # another claimer (or a scale-down) won this runner
-        except NomadError as error:
-            raise ClaimError("NomadUnavailable", f"Nomad did not take the claim: {error}") from None
-        claimed = ClaimRecord.from_variable(stored)
-        self.engine.remember_claim(claimed)  # spares the next pass reading it back
-        return claimed
+        # None: another claimer (or a scale-down) won this runner.
+        return await self.store.create(record)
 
     # ---- idempotent claims ---------------------------------------------------------------
 
     async def _claim_with_request_id(
-        self, managed: ManagedPool, inactivity: int, request: ClaimRequest
+        self, view: PoolView, inactivity: int, request: ClaimRequest
     ) -> tuple[dict[str, Any], bool]:
         assert request.request_id is not None
-        namespace = managed.policy.nomad_namespace
-        path = request_path(request.request_id)
-        try:
-            record = await self.client.put_variable(path, {"pool": managed.key}, namespace, cas=0)
-        except NomadConflict as conflict:
-            return await self._answer_repeated(
-                managed, inactivity, request, conflict.current
-            ), False
-        except NomadError as error:
-            raise ClaimError("NomadUnavailable", f"Nomad is not reachable: {error}") from None
+        namespace = view.policy.nomad_namespace
+        record, created = await self.store.create_request(request.request_id, namespace, view.key)
+        if not created:
+            return await self._answer_repeated(view, inactivity, request, record), False
         try:
             claim = await self._claim_runner(
-                managed, inactivity, request.request_id, request.wait_seconds
+                view, inactivity, request.request_id, request.wait_seconds
             )
-        except ClaimError:
+        except (ServiceError, NomadError):
             # Nothing was claimed: free the request ID so a retry can claim afresh.
-            await self._drop_request_record(path, namespace, int(record.get("ModifyIndex", 0)))
+            await self._drop_request(record)
             raise
-        self._complete_request_record(path, namespace, record, claim["runnerId"])
+        self._complete_request(record, claim["runnerId"])
         return claim, True
 
-    def _complete_request_record(
-        self, path: str, namespace: str, record: dict[str, Any], runner_id: str
-    ) -> None:
+    def _complete_request(self, record: RequestRecord, runner_id: str) -> None:
         """Complete the request record off the claim path: a crash before it lands is
         repaired by whoever finds the record, from the claim carrying the requestId."""
-        items = {**record.get("Items", {}), "runnerId": runner_id}
 
         async def complete() -> None:
             try:
-                await self.client.put_variable(
-                    path, items, namespace, cas=int(record["ModifyIndex"])
-                )
+                await self.store.complete_request(record, runner_id)
             except NomadError as error:
-                log.warning("could not complete request record %s: %s", path, error)
+                log.warning("could not complete request record %s: %s", record.path, error)
 
         task = asyncio.get_running_loop().create_task(complete())
         self._background.add(task)
@@ -295,86 +244,86 @@ class ClaimService:
         """Let background completions finish (graceful stop, tests)."""
         await asyncio.gather(*self._background, return_exceptions=True)
 
-    async def _drop_request_record(self, path: str, namespace: str, index: int) -> None:
+    async def _drop_request(self, record: RequestRecord) -> None:
         try:
-            await self.client.delete_variable(path, namespace, cas=index)
+            await self.store.drop_request(record)
         except NomadError as error:
-            log.warning("could not drop request record %s: %s", path, error)
+            log.warning("could not drop request record %s: %s", record.path, error)
 
     async def _answer_repeated(
-        self,
-        managed: ManagedPool,
-        inactivity: int,
-        request: ClaimRequest,
-        current: dict[str, Any] | None,
+        self, view: PoolView, inactivity: int, request: ClaimRequest, found: RequestRecord
     ) -> dict[str, Any]:
         assert request.request_id is not None
-        namespace = managed.policy.nomad_namespace
-        path = request_path(request.request_id)
+        namespace = view.policy.nomad_namespace
         deadline = time.monotonic() + REQUEST_RECORD_WAIT_SECONDS
+        current: RequestRecord | None = found if found.pool else None
         while True:
-            if not current or not current.get("Items"):
-                current = await self.client.read_variable(path, namespace)
+            if current is None:
+                current = await self.store.read_request(request.request_id, namespace)
                 if current is None:  # dropped by a claimer that found no runner: start over
-                    claim, _ = await self._claim_with_request_id(managed, inactivity, request)
+                    claim, _ = await self._claim_with_request_id(view, inactivity, request)
                     return claim
-            items = current.get("Items", {})
-            if items.get("pool") != managed.key:
-                raise ClaimError(
-                    "RequestIdConflict",
-                    f"requestId {request.request_id} was used for pool {items.get('pool')}",
+            if current.pool != view.key:
+                raise ServiceError(
+                    ErrorCode.REQUEST_ID_CONFLICT,
+                    f"requestId {request.request_id} was used for pool {current.pool}",
                 )
-            runner_id = items.get("runnerId") or await self._runner_from_claims(
+            runner_id = current.runner_id or await self._runner_from_claims(
                 namespace, request.request_id
             )
             if runner_id:
-                variable = await self.client.read_variable(claim_path(runner_id), namespace)
-                if variable is None:
-                    raise ClaimError("RunnerGone", f"runner {runner_id} is gone", reason="Released")
-                record = _parse(variable)
+                record = await self._read(runner_id, namespace)
+                if record is None:
+                    raise ServiceError(
+                        ErrorCode.RUNNER_GONE, f"runner {runner_id} is gone", reason="Released"
+                    )
                 if record.is_tombstone:
                     raise gone(record)
                 return claim_view(record)
             if time.monotonic() >= deadline:
-                raise ClaimError(
-                    "NomadUnavailable",
+                raise ServiceError(
+                    ErrorCode.NOMAD_UNAVAILABLE,
                     f"request {request.request_id} is still being served elsewhere; retry",
                 )
             await asyncio.sleep(0.05)
             current = None
 
     async def _runner_from_claims(self, namespace: str, request_id: str) -> str | None:
-        """The runner whose claim carries this requestId (claims read through the engine's
+        """The runner whose claim carries this requestId (claims read through the store's
         cache, so only changed variables are read)."""
-        for claim in (await self.engine.read_claims(namespace)).values():
+        claims, _ = await self.store.read_all(namespace)
+        for claim in claims.values():
             if claim.request_id == request_id:
                 return claim.runner_id
         return None
 
     # ---- runner routes -------------------------------------------------------------------
 
-    def _pool_of_runner(self, runner_id: str) -> ManagedPool:
+    def _pool_of_runner(self, runner_id: str) -> PoolView:
         if not RUNNER_ID_PATTERN.match(runner_id):
-            raise ClaimError("RunnerNotFound", f"runner {runner_id[:80]} is not known")
-        for managed in self.engine.pools.values():
-            if is_runner_id(managed.policy.job_prefix, runner_id):
-                return managed
-        raise ClaimError("RunnerNotFound", f"runner {runner_id} is not known")
+            raise ServiceError(ErrorCode.RUNNER_NOT_FOUND, f"runner {runner_id[:80]} is not known")
+        view = self.engine.pool_for_runner(runner_id)
+        if view is None:
+            raise ServiceError(ErrorCode.RUNNER_NOT_FOUND, f"runner {runner_id} is not known")
+        return view
 
-    async def _read_claim(self, runner_id: str) -> tuple[ManagedPool, ClaimRecord]:
-        managed = self._pool_of_runner(runner_id)
+    async def _read(self, runner_id: str, namespace: str) -> ClaimRecord | None:
         try:
-            variable = await self.client.read_variable(
-                claim_path(runner_id), managed.policy.nomad_namespace
-            )
+            return await self.store.read(runner_id, namespace)
+        except MalformedClaim:
+            raise ServiceError(
+                ErrorCode.RUNNER_NOT_FOUND, "the runner's claim cannot be read"
+            ) from None
+
+    async def _read_claim(self, runner_id: str) -> tuple[PoolView, ClaimRecord]:
+        view = self._pool_of_runner(runner_id)
+        try:
+            record = await self._read(runner_id, view.policy.nomad_namespace)
         except NomadError as error:
-            raise ClaimError("NomadUnavailable", f"Nomad is not reachable: {error}") from None
-        if variable is None:
-            raise ClaimError("RunnerNotFound", f"runner {runner_id} is not claimed")
-        record = _parse(variable)
-        if record.pool not in self.engine.pools:
-            raise ClaimError("RunnerNotFound", f"runner {runner_id} is not claimed")
-        return managed, record
+            raise unavailable(error) from None
+        if record is None or record.pool not in self.engine.pools:
+            raise ServiceError(ErrorCode.RUNNER_NOT_FOUND, f"runner {runner_id} is not claimed")
+        return view, record
 
     async def get(self, runner_id: str) -> dict[str, Any]:
         _, record = await self._read_claim(runner_id)
@@ -383,39 +332,44 @@ class ClaimService:
         return claim_view(record)
 
     async def keepalive(self, runner_id: str) -> dict[str, Any]:
-        for _ in range(5):
+        for _ in range(CAS_ATTEMPTS):
             _, record = await self._read_claim(runner_id)
             if record.is_tombstone:
                 raise gone(record)
             now = self.engine.clock()
-            if now >= record.expires_at:
+            if record.is_expired(now):
                 await self._end(record, ClaimState.EXPIRED)
                 continue  # re-read: either our tombstone or a concurrent one answers
-            moved = replace(
-                record, expires_at=now + timedelta(seconds=record.inactivity_timeout_seconds)
-            )
-            stored = await self._cas(moved, record.modify_index)
+            stored = await self._cas(record.kept_alive(now), record.modify_index)
             if stored is not None:
                 return claim_view(stored)
-        raise ClaimError("NomadUnavailable", f"runner {runner_id} changed too often; retry")
+        raise ServiceError(
+            ErrorCode.NOMAD_UNAVAILABLE, f"runner {runner_id} changed too often; retry"
+        )
 
     async def release(self, runner_id: str) -> None:
-        for _ in range(5):
-            managed, record = await self._read_claim(runner_id)
+        for _ in range(CAS_ATTEMPTS):
+            view, record = await self._read_claim(runner_id)
             if record.is_tombstone:
                 raise gone(record)
-            if self.engine.clock() >= record.expires_at:
+            if record.is_expired(self.engine.clock()):
                 await self._end(record, ClaimState.EXPIRED)
                 continue
             if await self._cas(record.with_state(ClaimState.RELEASED), record.modify_index):
-                try:
-                    await self.client.purge_job(runner_id, managed.policy.nomad_namespace)
-                except NomadError as error:  # the engine purges tombstoned runners anyway
-                    log.warning("purge of released runner %s deferred: %s", runner_id, error)
-                self.metrics.runners_destroyed.labels(pool=managed.key, reason="released").inc()
-                self.engine.hint_namespace(managed.policy.nomad_namespace)
+                await self._purge_released(view, runner_id)
                 return
-        raise ClaimError("NomadUnavailable", f"runner {runner_id} changed too often; retry")
+        raise ServiceError(
+            ErrorCode.NOMAD_UNAVAILABLE, f"runner {runner_id} changed too often; retry"
+        )
+
+    async def _purge_released(self, view: PoolView, runner_id: str) -> None:
+        namespace = view.policy.nomad_namespace
+        try:
+            await self.engine.purge_runner(runner_id, namespace)
+        except NomadError as error:  # the engine purges tombstoned runners anyway
+            log.warning("purge of released runner %s deferred: %s", runner_id, error)
+        self.metrics.runners_destroyed.labels(pool=view.key, reason="released").inc()
+        self.engine.hint_namespace(namespace)
 
     async def _end(self, record: ClaimRecord, state: ClaimState) -> None:
         await self._cas(record.with_state(state), record.modify_index)
@@ -423,37 +377,23 @@ class ClaimService:
 
     async def _cas(self, record: ClaimRecord, index: int) -> ClaimRecord | None:
         try:
-            stored = await self.client.put_variable(
-                claim_path(record.runner_id), record.to_items(), record.namespace, cas=index
-            )
-        except NomadConflict:
-            return None
+            return await self.store.update(record, cas=index)
         except NomadError as error:
-            raise ClaimError("NomadUnavailable", f"Nomad is not reachable: {error}") from None
-        changed = ClaimRecord.from_variable(stored)
-        self.engine.remember_claim(changed)
-        return changed
+            raise unavailable(error) from None
 
     async def pool_claims(self, namespace: str, name: str) -> list[dict[str, Any]]:
         key = f"{namespace}/{name}"
-        managed = self.engine.pools.get(key)
-        if managed is None:
-            raise ClaimError("PoolNotFound", f"pool {key} is not known")
+        view = self.engine.pools.get(key)
+        if view is None:
+            raise ServiceError(ErrorCode.POOL_NOT_FOUND, f"pool {key} is not known")
         try:
-            claims = await self.engine.read_claims(managed.policy.nomad_namespace)
+            claims, _ = await self.store.read_all(view.policy.nomad_namespace)
         except NomadError as error:
-            raise ClaimError("NomadUnavailable", f"Nomad is not reachable: {error}") from None
+            raise unavailable(error) from None
         return [
             claim_view(c)
             for c in sorted(claims.values(), key=lambda c: c.claimed_at)
             if c.pool == key
             and not c.is_tombstone
-            and is_runner_id(managed.policy.job_prefix, c.runner_id)
+            and is_runner_id(view.policy.job_prefix, c.runner_id)
         ]
-
-
-def _parse(variable: dict[str, Any]) -> ClaimRecord:
-    try:
-        return ClaimRecord.from_variable(variable)
-    except MalformedClaim:
-        raise ClaimError("RunnerNotFound", "the runner's claim cannot be read") from None

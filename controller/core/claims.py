@@ -33,6 +33,8 @@ _ITEM_REQUEST = "requestId"
 _ITEM_STATE = "state"
 _ITEM_RESTARTS = "allocationRestarts"
 _ITEM_NODE = "nodeName"
+# An item of request records, not of claims.
+_ITEM_RUNNER = "runnerId"
 _KNOWN_ITEMS = frozenset(
     {
         _ITEM_POOL,
@@ -269,3 +271,49 @@ def _parse_count(text: str) -> int:
     if not text.isascii() or not text.isdigit():
         raise ValueError(f"not a non-negative decimal integer: {text!r}")
     return int(text)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """`poolkeeper/requests/<requestId>`: which pool a requestId was used for and, once
+    known, which runner it claimed. Created with cas=0 before the claim, so a requestId
+    claims at most once per Nomad namespace."""
+
+    request_id: str
+    namespace: str
+    pool: str
+    runner_id: str | None = None
+    modify_index: int = 0
+    extra: dict[str, str] = field(default_factory=dict, hash=False)
+
+    @classmethod
+    def from_variable(cls, var: Mapping[str, Any]) -> RequestRecord:
+        path = str_field(var, "Path")
+        items = var.get("Items")
+        items = items if isinstance(items, Mapping) else {}
+        runner_id = items.get(_ITEM_RUNNER)
+        return cls(
+            request_id=path.removeprefix(REQUESTS_PREFIX),
+            namespace=str_field(var, "Namespace", "default") or "default",
+            pool=str(items.get(_ITEM_POOL, "")),
+            runner_id=runner_id if isinstance(runner_id, str) and runner_id else None,
+            modify_index=int_field(var, "ModifyIndex"),
+            extra={
+                str(k): v
+                for k, v in items.items()
+                if k not in (_ITEM_POOL, _ITEM_RUNNER) and isinstance(v, str)
+            },
+        )
+
+    @property
+    def path(self) -> str:
+        return request_path(self.request_id)
+
+    def completed(self, runner_id: str) -> RequestRecord:
+        return dataclasses.replace(self, runner_id=runner_id)
+
+    def to_items(self) -> dict[str, str]:
+        items = {**self.extra, _ITEM_POOL: self.pool}
+        if self.runner_id is not None:
+            items[_ITEM_RUNNER] = self.runner_id
+        return items

@@ -1,7 +1,7 @@
 """Status: counts and conditions rebuilt from the classified runners on every pass.
 
-Pure. The caller writes the result only when `needs_write` says so (CONTRACT.md §4:
-when anything but lastReconcileTime changed, and at least once a minute).
+Pure. The caller writes the result only when `needs_write` says so: when anything but
+lastReconcileTime changed, and at least once a minute.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from controller.core.problems import PoolProblem
 from controller.core.times import format_time, parse_time
 from controller.core.views import PoolMode, PoolPolicy, Runner, RunnerState
 
@@ -20,6 +21,7 @@ SELECTOR_LABEL = "poolkeeper.dev/pool"
 READY = "Ready"
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
+SPEC_ACCEPTED = "SpecAccepted"
 
 _TERMINATING_STATES = frozenset(
     {RunnerState.TERMINATING, RunnerState.EXPIRED, RunnerState.LOST, RunnerState.FAILED}
@@ -156,14 +158,19 @@ def compute_status(
     previous: PoolStatus | None,
     observed_generation: int,
     breaker_open: bool,
-    problem: tuple[str, str] | None = None,
+    blocked: PoolProblem | None = None,
+    refusal: PoolProblem | None = None,
 ) -> PoolStatus:
+    """`blocked` says why the pool is not reconciled at all (a prefix conflict, a spec that
+    was never valid); `refusal` why its newest spec was not taken (the last valid version
+    runs on)."""
     counts = count(runners)
     desired = policy.desired_idle if policy.mode is PoolMode.ACTIVE else 0
     wanted = [
-        _ready(policy, counts, desired, problem),
-        _progressing(policy, counts, desired, problem),
+        _ready(policy, counts, desired, blocked),
+        _progressing(policy, counts, desired, blocked),
         _degraded(counts, breaker_open),
+        _spec_accepted(refusal),
     ]
     conditions = tuple(
         _condition(type_, status, reason, message, previous, now, observed_generation)
@@ -183,10 +190,10 @@ _Wanted = tuple[str, str, str, str]
 
 
 def _ready(
-    policy: PoolPolicy, counts: PoolCounts, desired: int, problem: tuple[str, str] | None
+    policy: PoolPolicy, counts: PoolCounts, desired: int, blocked: PoolProblem | None
 ) -> _Wanted:
-    if problem is not None:
-        return (READY, "False", problem[0], problem[1])
+    if blocked is not None:
+        return (READY, "False", blocked.kind, blocked.message)
     if policy.mode is PoolMode.DRAIN:
         return (READY, "False", "Draining", "the pool was removed; its runners are drained")
     if policy.mode is PoolMode.DELETE:
@@ -198,10 +205,10 @@ def _ready(
 
 
 def _progressing(
-    policy: PoolPolicy, counts: PoolCounts, desired: int, problem: tuple[str, str] | None
+    policy: PoolPolicy, counts: PoolCounts, desired: int, blocked: PoolProblem | None
 ) -> _Wanted:
-    if problem is not None:
-        return (PROGRESSING, "False", problem[0], "not reconciled: " + problem[1])
+    if blocked is not None:
+        return (PROGRESSING, "False", blocked.kind, "not reconciled: " + blocked.message)
     if policy.mode is not PoolMode.ACTIVE:
         busy = counts.total > 0
         return (
@@ -238,6 +245,12 @@ def _degraded(counts: PoolCounts, breaker_open: bool) -> _Wanted:
     if malformed:
         return (DEGRADED, "True", "MalformedClaims", malformed)
     return (DEGRADED, "False", "AsExpected", "")
+
+
+def _spec_accepted(refusal: PoolProblem | None) -> _Wanted:
+    if refusal is not None:
+        return (SPEC_ACCEPTED, "False", refusal.kind, refusal.message)
+    return (SPEC_ACCEPTED, "True", "Accepted", "")
 
 
 def _condition(

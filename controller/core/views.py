@@ -7,6 +7,7 @@ fields in some payloads.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -129,6 +130,10 @@ class PoolPolicy:
     @property
     def name(self) -> str:
         return self.key.rpartition("/")[2]
+
+    def removed(self, mode: PoolMode, deadline: datetime) -> PoolPolicy:
+        """This pool's policy once it is being drained or deleted."""
+        return dataclasses.replace(self, mode=mode, drain_deadline=deadline)
 
     def owns_job(self, job: JobView) -> bool:
         return (

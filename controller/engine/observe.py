@@ -1,8 +1,8 @@
 """Observe: read one Nomad namespace as it is now, with as few calls as possible.
 
 One pass lists the namespace's jobs (with Meta), its allocations and the metadata of its
-claim variables, concurrently; only claim variables whose ModifyIndex changed since the
-last pass are read again (Nomad's variable list carries no Items).
+claim variables, concurrently; the claim store reads again only the claim variables
+whose ModifyIndex changed since it last saw them (Nomad's variable list carries no Items).
 
 Job and allocation views are kept between passes and rebuilt only for stubs whose
 ModifyIndex moved (Nomad bumps it on every change of a job or an allocation, client
@@ -13,18 +13,16 @@ thousands of identical views.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.core.claims import CLAIMS_PREFIX, ClaimRecord, MalformedClaim
+from controller.claims.store import ClaimStore
+from controller.core.claims import CLAIMS_PREFIX, ClaimRecord
 from controller.core.runner_ids import META_POOL
 from controller.core.views import AllocationView, JobView
 from controller.engine.offload import compute
-from controller.nomad.client import NomadClient
-
-log = logging.getLogger(__name__)
+from controller.nomad.port import NomadPort
 
 
 @dataclass(frozen=True)
@@ -39,24 +37,12 @@ class NamespaceObservation:
 
 
 @dataclass
-class _CachedClaim:
-    modify_index: int
-    record: ClaimRecord | None  # None: the variable did not parse
+class ViewCache:
+    """The job and allocation views observe built so far in one namespace, keyed by ID
+    (rebuilt only when ModifyIndex moves)."""
 
-
-@dataclass
-class ClaimCache:
-    """What observe remembers of a namespace between passes: claim variables read so far,
-    keyed by path (re-read only when ModifyIndex moves), and the job and allocation views
-    built so far, keyed by ID (rebuilt only when ModifyIndex moves)."""
-
-    entries: dict[str, _CachedClaim] = field(default_factory=dict)
     jobs: dict[str, tuple[int, JobView]] = field(default_factory=dict)
     allocations: dict[str, tuple[int, AllocationView]] = field(default_factory=dict)
-
-    def remember(self, record: ClaimRecord) -> None:
-        """Take a variable this process just wrote, saving the next pass a read."""
-        self.entries[CLAIMS_PREFIX + record.runner_id] = _CachedClaim(record.modify_index, record)
 
 
 def _views(
@@ -94,17 +80,17 @@ def _views(
 
 
 async def observe_namespace(
-    client: NomadClient, namespace: str, cache: ClaimCache
+    port: NomadPort, store: ClaimStore, namespace: str, cache: ViewCache
 ) -> NamespaceObservation:
     job_stubs, alloc_stubs, variable_metas = await asyncio.gather(
-        client.list_jobs(namespace),
-        client.list_allocations(namespace),
-        client.list_variables(CLAIMS_PREFIX, namespace),
+        port.list_jobs(namespace),
+        port.list_allocations(namespace),
+        port.list_variables(CLAIMS_PREFIX, namespace),
     )
     jobs, allocations, cache.jobs, cache.allocations = await compute(
         len(job_stubs), _views, job_stubs, alloc_stubs, cache.jobs, cache.allocations
     )
-    claims, malformed = await read_claims(client, namespace, cache, variable_metas)
+    claims, malformed = await store.read_all(namespace, variable_metas)
     return NamespaceObservation(
         namespace=namespace,
         jobs=jobs,
@@ -131,47 +117,3 @@ def _job_views(
             seen[job_id] = hit
         views.append(hit[1])
     return tuple(views), seen
-
-
-async def read_claims(
-    client: NomadClient,
-    namespace: str,
-    cache: ClaimCache,
-    metas: list[dict[str, Any]] | None = None,
-) -> tuple[dict[str, ClaimRecord], set[str]]:
-    """The namespace's claim variables (and the runner IDs of malformed ones), reading only
-    what changed since the cache last saw it."""
-    if metas is None:
-        metas = await client.list_variables(CLAIMS_PREFIX, namespace)
-    present = {meta["Path"]: int(meta.get("ModifyIndex", 0)) for meta in metas}
-    for path in list(cache.entries):
-        if path not in present:
-            del cache.entries[path]
-    stale = [
-        path
-        for path, index in present.items()
-        if (cached := cache.entries.get(path)) is None or cached.modify_index != index
-    ]
-    variables = await asyncio.gather(*(client.read_variable(path, namespace) for path in stale))
-    for path, variable in zip(stale, variables, strict=True):
-        if variable is None:  # deleted between the list and the read
-            present.pop(path, None)
-            continue
-        try:
-            record: ClaimRecord | None = ClaimRecord.from_variable(variable)
-        except MalformedClaim as error:
-            log.warning(
-                "claim variable %s in namespace %s is malformed: %s", path, namespace, error
-            )
-            record = None
-        cache.entries[path] = _CachedClaim(int(variable.get("ModifyIndex", 0)), record)
-    claims: dict[str, ClaimRecord] = {}
-    malformed: set[str] = set()
-    for path in present:
-        cached = cache.entries[path]
-        runner_id = path.removeprefix(CLAIMS_PREFIX)
-        if cached.record is None:
-            malformed.add(runner_id)
-        else:
-            claims[runner_id] = cached.record
-    return claims, malformed

@@ -44,12 +44,13 @@ from aiohttp import web
 from rich.console import Console
 from rich.table import Table
 
-from controller.api.app import TokenSet, create_app
+from controller.api.app import create_app
+from controller.api.auth import TokenSet
 from controller.claims.service import ClaimService
 from controller.core.claims import CLAIMS_PREFIX
 from controller.core.status import count
 from controller.core.views import RunnerState
-from controller.engine.reconciler import Engine
+from controller.engine.engine import Engine
 from controller.errors import EXIT_FAILURE, EXIT_OK
 from controller.metrics import Metrics
 from controller.model import RunnerPool

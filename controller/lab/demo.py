@@ -24,7 +24,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from controller.api.app import pool_summaries
+from controller.api.routes import pool_summaries
 from controller.core.runner_ids import META_POOL
 from controller.core.views import RunnerState
 from controller.errors import EXIT_FAILURE, EXIT_OK

@@ -1,9 +1,8 @@
-"""RunnerPool documents from YAML files, and the reload rules of CONTRACT.md section 3.
+"""RunnerPool documents from YAML files.
 
 ``load_pools`` never raises for bad content: every invalid document becomes a
 ``PoolFileError`` and the valid pools are returned beside them. Only a path that does
-not exist (or is neither file nor folder) raises ``ConfigError``. ``reload`` is pure: it
-decides from the previous pools and a new ``LoadResult`` what runs next.
+not exist (or is neither file nor folder) raises ``ConfigError``.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from controller.model import RunnerPool, immutable_changes, pool_key, validation_errors
+from controller.model import RunnerPool, pool_key, validation_errors
 
 YAML_SUFFIXES = (".yaml", ".yml")
 
@@ -158,81 +157,3 @@ def load_pools(path: Path | str) -> LoadResult:
     for file in _pool_files(Path(path)):
         _load_file(file, result)
     return result
-
-
-@dataclass
-class ReloadOutcome:
-    """What runs after a reload, and why.
-
-    ``pools`` is the effective set in document order (kept old versions sit where their
-    document is; pools kept because the load was incomplete come last, in their old
-    order). ``removed`` pools follow their deletionPolicy (their last version is in the
-    ``previous`` mapping given to ``reload``).
-    """
-
-    pools: dict[str, RunnerPool]
-    added: list[str] = field(default_factory=list)
-    updated: list[str] = field(default_factory=list)
-    unchanged: list[str] = field(default_factory=list)
-    kept: list[str] = field(default_factory=list)
-    removed: list[str] = field(default_factory=list)
-    # Every problem: the load's errors, then the refused immutable changes.
-    errors: list[PoolFileError] = field(default_factory=list)
-    # Only the refused immutable changes (the load's own errors are in LoadResult.errors).
-    refused: list[PoolFileError] = field(default_factory=list)
-
-
-def _immutable_value(pool: RunnerPool, path: str) -> str:
-    return pool.spec.nomad.namespace if path == "spec.nomad.namespace" else pool.job_prefix
-
-
-def reload(previous: Mapping[str, RunnerPool], result: LoadResult) -> ReloadOutcome:
-    """Apply CONTRACT.md section 3 to a new load: valid pools replace their previous
-    version; an invalid document, or a change of an immutable field, keeps the previous
-    version (reported); a pool absent from the files is removed, unless some document
-    could not be attributed to a pool (then nothing is removed: a parse error never
-    deletes anything)."""
-    outcome = ReloadOutcome(pools={}, errors=list(result.errors))
-    valid = {pool.key: pool for pool in result.pools}
-
-    for key, location in result.locations.items():
-        old = previous.get(key)
-        new = valid.get(key)
-        if new is None:
-            if old is not None:  # its document is invalid: keep the last valid version
-                outcome.pools[key] = old
-                outcome.kept.append(key)
-            continue
-        if old is None:
-            outcome.pools[key] = new
-            outcome.added.append(key)
-            continue
-        refused = immutable_changes(old, new)
-        if refused:
-            outcome.pools[key] = old
-            outcome.kept.append(key)
-            outcome.refused.extend(
-                PoolFileError(
-                    location.file,
-                    location.document,
-                    path,
-                    f"is immutable ({_immutable_value(old, path)!r} cannot become "
-                    f"{_immutable_value(new, path)!r}); the previous version is kept",
-                    key,
-                )
-                for path in refused
-            )
-            continue
-        outcome.pools[key] = new
-        (outcome.unchanged if new == old else outcome.updated).append(key)
-
-    outcome.errors.extend(outcome.refused)
-    for key, old in previous.items():
-        if key in outcome.pools:
-            continue
-        if result.complete:
-            outcome.removed.append(key)
-        else:
-            outcome.pools[key] = old
-            outcome.kept.append(key)
-    return outcome

@@ -16,7 +16,7 @@ import yaml
 from controller.core.runner_ids import META_POOL
 from controller.core.times import utcnow
 from controller.core.views import RunnerState
-from controller.engine.reconciler import Clock
+from controller.engine.engine import Clock
 from controller.lab.invariants import NomadJob, PoolSnapshot, check_invariants
 from controller.lab.simulator import SimServer, Simulator, start_sim
 from controller.nomad.config import NomadConfig
@@ -155,7 +155,7 @@ class Harness:
                 runner_ids=frozenset(r.id for r in m.runners),
             )
             for m in engine.pools.values()
-            if m.problem is None
+            if m.conflict is None
         ]
         jobs = [
             NomadJob(s["ID"], s["Meta"][META_POOL], s.get("Status") != "dead" and not s.get("Stop"))

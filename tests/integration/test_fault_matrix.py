@@ -18,7 +18,7 @@ import pytest
 
 from controller.core.runner_ids import META_POOL
 from controller.core.views import RunnerState
-from controller.engine import reconciler
+from controller.engine import reconcile
 from controller.nomad.errors import NomadUnavailable
 from controller.standalone import Controller
 
@@ -337,7 +337,7 @@ async def test_a_request_record_orphaned_by_a_crash_does_not_block_its_request_i
     record["CreateTime"] -= 3600 * 10**9
     record["ModifyTime"] -= 3600 * 10**9
     # The engine collects abandoned records every REQUEST_GC_SECONDS (30 s); sooner here.
-    monkeypatch.setattr(reconciler, "REQUEST_GC_SECONDS", 1.0)
+    monkeypatch.setattr(reconcile, "REQUEST_GC_SECONDS", 1.0)
     body = {"requestId": "crashed-1", "inactivityTimeoutSeconds": 600}
     answers = []
     for _ in range(5):

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import controller.api.common as common
+import controller.api.bodies as common
 import controller.service as service
 from controller.api.app import MAX_BODY_BYTES
 from controller.lab.simulator import Simulator

@@ -280,7 +280,8 @@ async def test_stop_wins_over_a_hint_that_arrives_just_before_it(
     )
     await harness.settled(controller)
     engine = controller.engine
-    lock, wake = engine._pass_lock["default"], engine._wake["default"]
+    lock = engine._reconciler._locks["default"]
+    wake = engine._scheduler._wake["default"]
 
     async def idle() -> bool:  # no pass running or pending: the loop waits for a hint
         await asyncio.sleep(0.1)

@@ -23,12 +23,9 @@ from controller.cli import build_parser
 from controller.core.runner_ids import META_POOL
 from controller.lab.simulator import SimServer, Simulator, start_sim
 from controller.nomad.config import NomadConfig
-from controller.operator.controller import (
-    OperatorController,
-    OperatorOptions,
-    options_from_args,
-    run,
-)
+from controller.operator.controller import OperatorController
+from controller.operator.handlers import run
+from controller.operator.options import OperatorOptions, options_from_args
 from tests.operator.fake_k8s import JSON, FakeKubernetes, Rule, denied
 
 ROOT = Path(__file__).resolve().parents[2]

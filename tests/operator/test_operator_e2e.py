@@ -248,24 +248,48 @@ async def test_status_is_written_only_when_it_changes(cluster: Cluster) -> None:
     assert status_writes() > before
 
 
-async def test_an_invalid_update_stops_the_pool_and_keeps_nomad_untouched(
-    cluster: Cluster,
-) -> None:
-    await cluster.start_operator("--namespace", "default")
+async def test_an_invalid_update_keeps_the_last_valid_version_running(cluster: Cluster) -> None:
+    replica = await cluster.start_operator("--namespace", "default")
     await cluster.create_pool(pool_doc("turn", idle=1))
-    await wait_until(lambda: len(cluster.jobs("turn")) == 1, what="a runner")
+    await wait_until(
+        lambda: (cluster.condition("turn", "Ready") or {}).get("status") == "True",
+        what="an idle runner",
+    )
     code, _ = await cluster.patch_pool(
         "turn", {"spec": {"idleRunners": 3, "nomad": {"jobTemplate": {"Type": "service"}}}}
     )
     assert code == 200
     await wait_until(
-        lambda: (cluster.condition("turn", "Ready") or {}).get("reason") == "InvalidSpec",
-        what="InvalidSpec",
+        lambda: (cluster.condition("turn", "SpecAccepted") or {}).get("reason") == "InvalidSpec",
+        what="SpecAccepted=False InvalidSpec",
     )
-    await asyncio.sleep(1.0)
-    assert len(cluster.jobs("turn")) == 1  # neither scaled nor destroyed
+    assert "jobTemplate" in (cluster.condition("turn", "SpecAccepted") or {})["message"]
+    assert cluster.events("InvalidSpec")[0]["type"] == "Warning"
+    assert (cluster.condition("turn", "Ready") or {}).get("status") == "True"
     pool = cluster.pool("turn") or {}
     assert pool["status"]["observedGeneration"] == pool["metadata"]["generation"]
+    # The last valid version (idleRunners 1) is still reconciled and claimable: a claim
+    # succeeds and the pool refills to one idle runner, not three.
+    runner = await claim(cluster, replica, "turn")
+    await wait_until(lambda: len(cluster.jobs("turn")) == 2, what="the claimed runner replaced")
+    await asyncio.sleep(1.0)
+    assert runner in [j["ID"] for j in cluster.jobs("turn")] and len(cluster.jobs("turn")) == 2
+
+
+async def test_a_prefix_conflict_hands_out_nothing(cluster: Cluster) -> None:
+    replica = await cluster.start_operator("--namespace", "default")
+    await cluster.create_pool(pool_doc("first", idle=1, nomad={"jobPrefix": "shared-"}))
+    await wait_until(lambda: len(cluster.jobs("first")) == 1, what="a runner of the first pool")
+    await cluster.create_pool(pool_doc("second", idle=1, nomad={"jobPrefix": "shared-"}))
+    await wait_until(
+        lambda: (cluster.condition("second", "Ready") or {}).get("reason") == "PrefixConflict",
+        what="Ready=False PrefixConflict",
+    )
+    await wait_until(lambda: bool(cluster.events("PrefixConflict")), what="a PrefixConflict Event")
+    url = f"{replica.controller.url}/v1/pools/default/second/claims"
+    async with cluster.http.post(url, json={}) as response:
+        body = await response.json()
+    assert (response.status, body["error"]["code"]) == (409, "PrefixConflict")
 
 
 async def test_a_pool_made_invalid_while_no_operator_ran_is_still_deleted(

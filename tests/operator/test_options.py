@@ -13,7 +13,7 @@ import pytest
 from controller.cli import build_parser
 from controller.cli import main as cli_main
 from controller.errors import UsageError
-from controller.operator.controller import (
+from controller.operator.options import (
     FINALIZER,
     PEERING_LIFETIME_SECONDS,
     OperatorOptions,

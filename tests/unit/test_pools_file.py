@@ -13,8 +13,8 @@ from controller.sources.files import (
     LoadResult,
     PoolFileError,
     load_pools,
-    reload,
 )
+from controller.sources.reload import reload
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "pools.yaml"
 

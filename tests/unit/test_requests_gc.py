@@ -1,8 +1,8 @@
 from datetime import UTC, datetime, timedelta
 
 from controller.core.claims import ClaimRecord, ClaimState
+from controller.core.requests import REQUEST_GRACE, abandoned_requests
 from controller.core.times import to_ns
-from controller.engine.requests_gc import REQUEST_GRACE, abandoned_requests
 
 NOW = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 

@@ -9,6 +9,7 @@ import pytest
 
 from controller.core.claims import ClaimState
 from controller.core.classify import classify
+from controller.core.problems import PoolProblem, Problem
 from controller.core.status import (
     PoolStatus,
     compute_status,
@@ -77,7 +78,8 @@ def status(
     policy: PoolPolicy = POLICY,
     previous: PoolStatus | None = None,
     breaker_open: bool = False,
-    problem: tuple[str, str] | None = None,
+    blocked: PoolProblem | None = None,
+    refusal: PoolProblem | None = None,
     now: datetime | None = None,
 ) -> PoolStatus:
     return compute_status(
@@ -87,7 +89,8 @@ def status(
         previous=previous,
         observed_generation=7,
         breaker_open=breaker_open,
-        problem=problem,
+        blocked=blocked,
+        refusal=refusal,
     )
 
 
@@ -125,7 +128,12 @@ def test_to_dict_has_the_contract_fields() -> None:
         "lastTransitionTime",
         "observedGeneration",
     }
-    assert {c["type"] for c in d["conditions"]} == {"Ready", "Progressing", "Degraded"}
+    assert {c["type"] for c in d["conditions"]} == {
+        "Ready",
+        "Progressing",
+        "Degraded",
+        "SpecAccepted",
+    }
     assert PoolStatus.from_dict(d) is not None
     assert PoolStatus.from_dict(d).to_dict() == d  # type: ignore[union-attr]
     assert PoolStatus.from_dict({"idleRunners": "x"}) is None
@@ -165,15 +173,22 @@ def test_to_dict_has_the_contract_fields() -> None:
         ({"breaker_open": True}, {"idle": 3}, {"Degraded": ("True", "CircuitOpen")}),
         ({}, {"idle": 3, "malformed": 1}, {"Degraded": ("True", "MalformedClaims")}),
         (
-            {"problem": ("PrefixConflict", "prefix python- is used by default/other")},
+            {"blocked": PoolProblem(Problem.PREFIX_CONFLICT, "python- is used by default/other")},
             {},
             {"Ready": ("False", "PrefixConflict"), "Progressing": ("False", "PrefixConflict")},
         ),
         (
-            {"problem": ("InvalidSpec", "bad jobTemplate")},
+            {"blocked": PoolProblem(Problem.INVALID_SPEC, "bad jobTemplate")},
             {"idle": 3},
             {"Ready": ("False", "InvalidSpec")},
         ),
+        (
+            # A refused update: the last valid version runs on, and says why.
+            {"refusal": PoolProblem(Problem.INVALID_SPEC, "bad jobTemplate")},
+            {"idle": 3},
+            {"Ready": ("True", "IdleRunnersAvailable"), "SpecAccepted": ("False", "InvalidSpec")},
+        ),
+        ({}, {"idle": 3}, {"SpecAccepted": ("True", "Accepted")}),
         (
             {"policy": dataclasses.replace(POLICY, mode=PoolMode.DRAIN)},
             {"claimed": 1},

@@ -1,0 +1,186 @@
+"""The routes of the HTTP API, declared once: the app serves this table and the OpenAPI
+document (openapi.py) is generated from it, so the two cannot drift apart."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel
+
+from controller.api.bodies import read_body
+from controller.api.models import Claim, ClaimBody, ClaimList, PoolList
+from controller.claims.service import ClaimService
+from controller.engine.engine import Engine
+from controller.metrics import Metrics
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+ENGINE_KEY: web.AppKey[Engine] = web.AppKey("engine", Engine)
+CLAIMS_KEY: web.AppKey[ClaimService] = web.AppKey("claims", ClaimService)
+METRICS_KEY: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
+READY_KEY: web.AppKey[Callable[[], list[str]]] = web.AppKey("ready")
+OPENAPI_KEY: web.AppKey[dict[str, Any]] = web.AppKey("openapi")
+
+RUNNER_GONE = "the runner is gone; `reason` says why"
+NOT_CLAIMED = "not a claimed runner (idle, foreign, unknown or malformed ID)"
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    operation: str
+    summary: str
+    handler: Handler
+    body: type[BaseModel] | None = None
+    # status -> (description, body model or None)
+    responses: dict[int, tuple[str, type[BaseModel] | None]] = field(default_factory=dict)
+    # status -> description; their body is the error object
+    errors: dict[int, str] = field(default_factory=dict)
+    needs_token: bool = True
+
+
+# ---- handlers ----------------------------------------------------------------------------
+
+
+async def claim(request: web.Request) -> web.Response:
+    body = await read_body(request, ClaimBody)
+    view, created = await request.app[CLAIMS_KEY].claim(
+        request.match_info["namespace"], request.match_info["name"], body.to_request()
+    )
+    return web.json_response(view, status=201 if created else 200)
+
+
+async def list_claims(request: web.Request) -> web.Response:
+    claims = await request.app[CLAIMS_KEY].pool_claims(
+        request.match_info["namespace"], request.match_info["name"]
+    )
+    return web.json_response({"claims": claims})
+
+
+async def get_runner(request: web.Request) -> web.Response:
+    return web.json_response(await request.app[CLAIMS_KEY].get(request.match_info["runnerId"]))
+
+
+async def keepalive(request: web.Request) -> web.Response:
+    view = await request.app[CLAIMS_KEY].keepalive(request.match_info["runnerId"])
+    return web.json_response(view)
+
+
+async def release(request: web.Request) -> web.Response:
+    await request.app[CLAIMS_KEY].release(request.match_info["runnerId"])
+    return web.Response(status=204)
+
+
+def pool_summaries(engine: Engine) -> list[dict[str, Any]]:
+    """The pools as `GET /v1/pools` shows them (also the demo's table)."""
+    pools = []
+    for view in engine.pools.values():
+        if not view.active:
+            continue  # removed from the files; only its runners are still being destroyed
+        namespace, name = view.key.split("/", 1)
+        pools.append(
+            {
+                "namespace": namespace,
+                "name": name,
+                "spec": {
+                    "idleRunners": view.policy.desired_idle,
+                    "maxRunners": view.policy.max_runners,
+                },
+                "status": view.status.to_dict() if view.status else {},
+            }
+        )
+    return pools
+
+
+async def list_pools(request: web.Request) -> web.Response:
+    return web.json_response({"pools": pool_summaries(request.app[ENGINE_KEY])})
+
+
+async def healthz(_: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    unready = request.app[READY_KEY]()
+    if unready:
+        return web.json_response({"status": "unready", "pools": unready}, status=503)
+    return web.json_response({"status": "ready"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(
+        body=request.app[METRICS_KEY].exposition(),
+        content_type="text/plain",
+        charset="utf-8",
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(request.app[OPENAPI_KEY])
+
+
+# ---- the table ---------------------------------------------------------------------------
+
+POOL_CLAIMS = "/v1/pools/{namespace}/{name}/claims"
+RUNNER = "/v1/runners/{runnerId}"
+
+ROUTES: tuple[Route, ...] = (
+    Route(
+        "GET", "/v1/pools", "listPools", "every pool with its spec and status", list_pools,
+        responses={200: ("every pool", PoolList)},
+    ),
+    Route(
+        "POST", POOL_CLAIMS, "claimRunner", "claim an idle runner of the pool", claim,
+        body=ClaimBody,
+        responses={
+            201: ("a runner was claimed", Claim),
+            200: ("the claim of an earlier request with this requestId", Claim),
+        },
+        errors={
+            400: "invalid request",
+            404: "unknown pool, or a pool being removed",
+            408: "the body did not arrive in time",
+            409: "requestId used for another pool (RequestIdConflict), or the pool's job "
+            "prefix belongs to another pool (PrefixConflict)",
+            410: "the runner of this requestId is gone",
+            413: "body too large",
+            503: "no idle runner (PoolEmpty, with Retry-After), or Nomad unavailable",
+        },
+    ),
+    Route(
+        "GET", POOL_CLAIMS, "listClaims", "the pool's live claims", list_claims,
+        responses={200: ("the pool's live claims", ClaimList)},
+        errors={404: "unknown pool"},
+    ),
+    Route(
+        "GET", RUNNER, "getRunner", "a claimed runner", get_runner,
+        responses={200: ("the runner's live claim", Claim)},
+        errors={404: NOT_CLAIMED, 410: RUNNER_GONE},
+    ),
+    Route(
+        "DELETE", RUNNER, "releaseRunner", "release a runner: it is destroyed", release,
+        responses={204: ("released; the runner is destroyed", None)},
+        errors={404: NOT_CLAIMED, 410: RUNNER_GONE},
+    ),
+    Route(
+        "POST", RUNNER + "/keepalive", "keepaliveRunner", "move the claim's deadline",
+        keepalive,
+        responses={200: ("the deadline moved", Claim)},
+        errors={404: NOT_CLAIMED, 410: "the runner is gone (Expired once past its deadline)"},
+    ),
+    Route("GET", "/healthz", "healthz", "liveness", healthz, needs_token=False,
+          responses={200: ("alive", None)}),
+    Route(
+        "GET", "/readyz", "readyz", "readiness", readyz, needs_token=False,
+        responses={200: ("ready", None), 503: ("not ready; lists the unready pools", None)},
+    ),
+    Route("GET", "/metrics", "metrics", "Prometheus metrics", metrics, needs_token=False,
+          responses={200: ("the metrics, Prometheus text format", None)}),
+    Route("GET", "/openapi.json", "openapi", "this document", openapi, needs_token=False,
+          responses={200: ("the OpenAPI document", None)}),
+)  # fmt: skip

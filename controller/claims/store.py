@@ -1,0 +1,202 @@
+"""ClaimStore: every read and check-and-set of claim and request records in Nomad.
+
+The engine (tombstones before a destroy, lost claims, forgetting old tombstones, request
+garbage collection) and the claim service (claims, keepalives, releases, requestIds) both
+write through here, so the rules of the protocol (controller/claims/__init__.py) are kept
+in one place:
+
+- a claim is created with cas=0; every later change is a check-and-set on the
+  ModifyIndex last read, and a lost check-and-set is an answer (`None`/`False`), not an
+  error: somebody else's change won;
+- every record this process writes is remembered, so the next pass takes it from the
+  cache instead of reading it back from Nomad; listing re-reads only variables whose
+  ModifyIndex moved (Nomad's variable list carries no Items).
+
+Nomad failures other than a lost check-and-set propagate as NomadError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from controller.core.claims import (
+    CLAIMS_PREFIX,
+    REQUESTS_PREFIX,
+    ClaimRecord,
+    MalformedClaim,
+    RequestRecord,
+    request_path,
+)
+from controller.core.requests import abandoned_requests
+from controller.nomad.errors import NomadConflict
+from controller.nomad.port import NomadPort
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Cached:
+    modify_index: int
+    record: ClaimRecord | None  # None: the variable did not parse
+
+
+@dataclass
+class _NamespaceCache:
+    entries: dict[str, _Cached] = field(default_factory=dict)  # claim path -> last read
+
+
+class ClaimStore:
+    def __init__(self, port: NomadPort) -> None:
+        self._port = port
+        self._caches: dict[str, _NamespaceCache] = {}
+
+    # -- claims ------------------------------------------------------------------------
+
+    async def create(self, record: ClaimRecord) -> ClaimRecord | None:
+        """Write a new claim or tombstone with cas=0; None when the variable exists (a
+        concurrent claimer, or a scale-down, won the runner)."""
+        return await self.update(record, cas=0)
+
+    async def update(self, record: ClaimRecord, *, cas: int) -> ClaimRecord | None:
+        """Check-and-set `record` over the version with ModifyIndex `cas`; the stored
+        record, or None when another change won."""
+        try:
+            stored = await self._port.put_variable(
+                record.path, record.to_items(), record.namespace, cas=cas
+            )
+        except NomadConflict:
+            return None
+        written = ClaimRecord.from_variable(stored)
+        self.remember(written)
+        return written
+
+    async def delete(self, record: ClaimRecord) -> bool:
+        """Delete a claim variable (check-and-set on its ModifyIndex); False when it changed
+        meanwhile. A request record its claim carried goes with it."""
+        try:
+            await self._port.delete_variable(record.path, record.namespace, cas=record.modify_index)
+        except NomadConflict:
+            return False
+        if record.request_id:
+            await self._port.delete_variable(request_path(record.request_id), record.namespace)
+        return True
+
+    async def read(self, runner_id: str, namespace: str) -> ClaimRecord | None:
+        """The runner's claim as Nomad holds it now, or None when there is none. Raises
+        MalformedClaim for a variable that does not parse."""
+        variable = await self._port.read_variable(CLAIMS_PREFIX + runner_id, namespace)
+        return None if variable is None else ClaimRecord.from_variable(variable)
+
+    def remember(self, record: ClaimRecord) -> None:
+        """A claim variable just written: the next listing need not read it back."""
+        cache = self._caches.setdefault(record.namespace, _NamespaceCache())
+        cache.entries[record.path] = _Cached(record.modify_index, record)
+
+    async def read_all(
+        self, namespace: str, metas: list[dict[str, Any]] | None = None
+    ) -> tuple[dict[str, ClaimRecord], set[str]]:
+        """The namespace's claims by runner ID, and the runner IDs of malformed ones,
+        reading only the variables that changed since this store last saw them. `metas`
+        is the variable list when the caller already has it."""
+        if metas is None:
+            metas = await self._port.list_variables(CLAIMS_PREFIX, namespace)
+        cache = self._caches.setdefault(namespace, _NamespaceCache())
+        present = {meta["Path"]: int(meta.get("ModifyIndex", 0)) for meta in metas}
+        for path in list(cache.entries):
+            if path not in present:
+                del cache.entries[path]
+        stale = [
+            path
+            for path, index in present.items()
+            if (cached := cache.entries.get(path)) is None or cached.modify_index != index
+        ]
+        variables = await asyncio.gather(
+            *(self._port.read_variable(path, namespace) for path in stale)
+        )
+        for path, variable in zip(stale, variables, strict=True):
+            if variable is None:  # deleted between the list and the read
+                present.pop(path, None)
+                continue
+            try:
+                record: ClaimRecord | None = ClaimRecord.from_variable(variable)
+            except MalformedClaim as error:
+                log.warning(
+                    "claim variable %s in namespace %s is malformed: %s", path, namespace, error
+                )
+                record = None
+            cache.entries[path] = _Cached(int(variable.get("ModifyIndex", 0)), record)
+        claims: dict[str, ClaimRecord] = {}
+        malformed: set[str] = set()
+        for path in present:
+            cached = cache.entries[path]
+            runner_id = path.removeprefix(CLAIMS_PREFIX)
+            if cached.record is None:
+                malformed.add(runner_id)
+            else:
+                claims[runner_id] = cached.record
+        return claims, malformed
+
+    def forget_namespaces(self) -> None:
+        """Drop what was cached (a passive replica hands its pools to another process)."""
+        self._caches.clear()
+
+    # -- request records -----------------------------------------------------------------
+
+    async def create_request(
+        self, request_id: str, namespace: str, pool: str
+    ) -> tuple[RequestRecord, bool]:
+        """Take a requestId (cas=0). Returns (record, True) when this call took it, or
+        (the record Nomad holds, False) when it was taken before; that record may still
+        be empty if its writer has only just created it."""
+        record = RequestRecord(request_id, namespace, pool)
+        try:
+            stored = await self._port.put_variable(record.path, record.to_items(), namespace, cas=0)
+        except NomadConflict as conflict:
+            return RequestRecord.from_variable(conflict.current or {"Path": record.path}), False
+        return RequestRecord.from_variable(stored), True
+
+    async def complete_request(self, record: RequestRecord, runner_id: str) -> None:
+        """Note the claimed runner in the request record (check-and-set)."""
+        await self._port.put_variable(
+            record.path,
+            record.completed(runner_id).to_items(),
+            record.namespace,
+            cas=record.modify_index,
+        )
+
+    async def read_request(self, request_id: str, namespace: str) -> RequestRecord | None:
+        variable = await self._port.read_variable(request_path(request_id), namespace)
+        return None if variable is None else RequestRecord.from_variable(variable)
+
+    async def drop_request(self, record: RequestRecord) -> bool:
+        """Free a requestId whose claim failed, so that a retry claims afresh; False when
+        the record changed meanwhile."""
+        try:
+            await self._port.delete_variable(record.path, record.namespace, cas=record.modify_index)
+        except NomadConflict:
+            return False
+        return True
+
+    async def collect_abandoned_requests(
+        self, namespace: str, claims: Iterable[ClaimRecord], now: datetime
+    ) -> int:
+        """Delete request records that no claim carries and that are too old to belong
+        to a claim in flight (a claimer died between the record and the claim); returns
+        how many went. A record rewritten meanwhile stays (check-and-set)."""
+        metas = await self._port.list_variables(REQUESTS_PREFIX, namespace)
+        deleted = 0
+        for meta in abandoned_requests(metas, claims, now):
+            try:
+                await self._port.delete_variable(
+                    meta["Path"], namespace, cas=int(meta["ModifyIndex"])
+                )
+            except NomadConflict:
+                continue  # written again meanwhile: a claim in flight owns it
+            log.info("deleted abandoned request record %s in %s", meta["Path"], namespace)
+            deleted += 1
+        return deleted

@@ -1,0 +1,22 @@
+"""What can be wrong with a pool's registration, as its status reports it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Problem(StrEnum):
+    # Another pool registered first holds the same job prefix in the same Nomad namespace:
+    # this one is not reconciled and hands out nothing (its runners would be the other's).
+    PREFIX_CONFLICT = "PrefixConflict"
+    # The newest version of the spec is invalid; the last valid version keeps running.
+    INVALID_SPEC = "InvalidSpec"
+    # The newest version changes an immutable field; the last valid version keeps running.
+    IMMUTABLE_FIELD_CHANGED = "ImmutableFieldChanged"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolProblem:
+    kind: Problem
+    message: str

@@ -1,0 +1,148 @@
+"""Apply: carry out one pool's plan in Nomad.
+
+Every action runs concurrently (at most APPLY_CONCURRENCY Nomad calls at once across all
+pools); one failing action never blocks the others. A runner is destroyed only by whoever
+holds its claim variable: an unclaimed runner is first taken with a `retired` tombstone
+(cas=0, so a client's concurrent claim wins and the runner stays claimed), a claimed one
+has its claim turned into a tombstone by check-and-set; then the job is purged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from controller.claims.store import ClaimStore
+from controller.core.claims import ClaimRecord, ClaimState
+from controller.core.events import AllocationLost, EventSink, RunnerReplaced
+from controller.core.plan import Destroy, DestroyReason, Plan
+from controller.core.runner_ids import new_runner_id
+from controller.core.views import Runner
+from controller.engine.registry import ManagedPool
+from controller.metrics import Metrics
+from controller.nomad.errors import NomadError
+from controller.nomad.jobs import runner_job
+from controller.nomad.port import NomadPort
+
+log = logging.getLogger(__name__)
+
+APPLY_CONCURRENCY = 32
+
+_REPLACED_BECAUSE = {
+    DestroyReason.STARTUP_TIMEOUT: "did not start within startupTimeoutSeconds",
+    DestroyReason.FAILED: "failed to start",
+}
+
+
+@dataclass(frozen=True)
+class Applied:
+    created: int = 0
+    create_errors: int = 0
+    destroyed: int = 0
+    errors: int = 0
+
+
+class Applier:
+    def __init__(
+        self,
+        port: NomadPort,
+        store: ClaimStore,
+        metrics: Metrics,
+        events: EventSink,
+        *,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._port = port
+        self._store = store
+        self._metrics = metrics
+        self._events = events
+        self._rng = rng
+        self._slots = asyncio.Semaphore(APPLY_CONCURRENCY)
+
+    async def apply(
+        self, managed: ManagedPool, todo: Plan, runners: Sequence[Runner], now: datetime
+    ) -> Applied:
+        by_id = {r.id: r for r in runners}
+        creations = await asyncio.gather(
+            *(self._create(managed) for _ in range(todo.create)), return_exceptions=True
+        )
+        others: list[Awaitable[bool]] = [
+            self._destroy(managed, d, by_id.get(d.runner_id), now) for d in todo.destroy
+        ]
+        others += [self._mark_lost(managed, claim) for claim in todo.lose]
+        others += [self._forget(claim) for claim in todo.forget]
+        outcomes = await asyncio.gather(*others, return_exceptions=True)
+        for outcome in (*creations, *outcomes):
+            if isinstance(outcome, NomadError):
+                log.warning("pool %s: %s", managed.key, outcome)
+            elif isinstance(outcome, BaseException):
+                log.error("pool %s: action failed", managed.key, exc_info=outcome)
+        return Applied(
+            created=sum(1 for c in creations if c is True),
+            create_errors=sum(1 for c in creations if isinstance(c, BaseException)),
+            destroyed=sum(1 for o in outcomes[: len(todo.destroy)] if o is True),
+            errors=sum(1 for o in (*creations, *outcomes) if isinstance(o, BaseException)),
+        )
+
+    async def _create(self, managed: ManagedPool) -> bool:
+        policy = managed.policy
+        runner_id = new_runner_id(policy.job_prefix, self._rng)
+        job = runner_job(
+            managed.rendered_job,
+            runner_id,
+            policy.key,
+            policy.template_hash,
+            policy.nomad_namespace,
+        )
+        async with self._slots:
+            # enforce_index=0: a retried or duplicated registration can never overwrite a job.
+            await self._port.register_job(job, enforce_index=0)
+        self._metrics.runners_created.labels(pool=policy.key).inc()
+        return True
+
+    async def _destroy(
+        self, managed: ManagedPool, destroy: Destroy, runner: Runner | None, now: datetime
+    ) -> bool:
+        policy = managed.policy
+        async with self._slots:
+            if destroy.claim is None:
+                allocation = runner.allocation.id if runner and runner.allocation else ""
+                tombstone = ClaimRecord.retired(
+                    runner_id=destroy.runner_id,
+                    namespace=policy.nomad_namespace,
+                    pool=policy.key,
+                    allocation_id=allocation,
+                    now=now,
+                    state=destroy.tombstone_state,
+                )
+                if await self._store.create(tombstone) is None:
+                    return False  # a client claimed it first: it stays claimed
+            elif not destroy.claim.is_tombstone:
+                ended = destroy.claim.with_state(destroy.tombstone_state)
+                if await self._store.update(ended, cas=destroy.claim.modify_index) is None:
+                    return False  # a keepalive or release won; the next pass decides again
+                if destroy.reason is DestroyReason.LOST and runner is not None:
+                    self._events(AllocationLost(policy.key, destroy.runner_id, runner.reason))
+            await self._port.purge_job(destroy.runner_id, policy.nomad_namespace)
+        self._metrics.runners_destroyed.labels(pool=policy.key, reason=destroy.reason.value).inc()
+        why = _REPLACED_BECAUSE.get(destroy.reason)
+        if why is not None:
+            self._events(RunnerReplaced(policy.key, destroy.runner_id, why))
+        return True
+
+    async def _mark_lost(self, managed: ManagedPool, claim: ClaimRecord) -> bool:
+        async with self._slots:
+            lost = await self._store.update(
+                claim.with_state(ClaimState.LOST), cas=claim.modify_index
+            )
+        if lost is not None:
+            self._events(AllocationLost(managed.key, claim.runner_id, "its job vanished"))
+        return lost is not None
+
+    async def _forget(self, claim: ClaimRecord) -> bool:
+        async with self._slots:
+            return await self._store.delete(claim)

@@ -1,0 +1,152 @@
+"""Removed pools: drain records in Nomad, resumed drains, finished drains, and orphans.
+
+A pool removed with deletionPolicy Drain or Delete is recorded in the variable
+`poolkeeper/pools/<namespace>~<name>` (in the controller's own Nomad namespace) so that
+a restarted controller resumes the removal; a pool defined again cancels its record.
+Runner jobs of pools defined nowhere are orphans: reported once, left alone, drained
+with `--prune`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
+
+from controller.core.runner_ids import runner_prefix
+from controller.core.times import format_time, parse_time
+from controller.core.views import JobView, PoolMode
+from controller.engine.registry import ManagedPool, PoolRegistry
+from controller.nomad.errors import NomadConflict
+from controller.nomad.port import NomadPort
+
+log = logging.getLogger(__name__)
+
+DRAINS_PREFIX = "poolkeeper/pools/"
+DEFAULT_DRAIN_SECONDS = 3600
+
+
+def drain_path(key: str) -> str:
+    # Variable paths allow no ".", which pool names may hold; "~" never occurs in a name.
+    return DRAINS_PREFIX + key.replace(".", "~")
+
+
+class Drains:
+    def __init__(
+        self,
+        port: NomadPort,
+        registry: PoolRegistry,
+        *,
+        clock: Callable[[], datetime],
+        home_namespace: str,
+        prune: bool,
+        on_new_pool: Callable[[str], None],
+    ) -> None:
+        self._port = port
+        self._registry = registry
+        self._clock = clock
+        self._home = home_namespace
+        self._prune = prune
+        self._on_new_pool = on_new_pool  # a namespace got a pool to reconcile
+        self._records: dict[str, int] = {}  # pool key -> ModifyIndex of its record
+        self._cancelled: set[str] = set()  # keys whose recorded drain must be dropped
+        self._reported_orphans: set[str] = set()
+
+    def cancel(self, key: str) -> None:
+        """An Orphan removal after a drain began (the escape from a stuck drain): a
+        restarted controller must not resume the drain from its record."""
+        self._cancelled.add(key)
+
+    def forget(self) -> None:
+        """Another process owns the pools now (a passive operator replica)."""
+        self._records.clear()
+        self._cancelled.clear()
+
+    async def resume(self) -> None:
+        """Take up the drains a previous process recorded in Nomad and did not finish."""
+        for meta in await self._port.list_variables(DRAINS_PREFIX, self._home):
+            variable = await self._port.read_variable(meta["Path"], self._home)
+            if variable is None:
+                continue
+            items = variable.get("Items", {})
+            try:
+                key, mode = items["pool"], PoolMode(items["mode"])
+                namespace, prefix = items["namespace"], items["jobPrefix"]
+                deadline = parse_time(items["deadline"])
+            except (KeyError, ValueError) as error:
+                log.warning("ignoring malformed drain record %s: %s", meta["Path"], error)
+                continue
+            self._records[key] = int(variable.get("ModifyIndex", 0))
+            if key not in self._registry:
+                log.info("resuming the %s of pool %s", mode.value, key)
+                self._registry.add_draining(key, namespace, prefix, mode, deadline)
+                self._on_new_pool(namespace)
+
+    async def sync(self, pools: Iterable[ManagedPool]) -> None:
+        """Record the removals that began, and drop the records of pools defined again
+        or let go (Orphan)."""
+        for managed in pools:
+            key, policy = managed.key, managed.policy
+            if policy.mode is not PoolMode.ACTIVE and key not in self._records:
+                items = {
+                    "pool": key,
+                    "namespace": policy.nomad_namespace,
+                    "jobPrefix": policy.job_prefix,
+                    "mode": policy.mode.value,
+                    "deadline": format_time(policy.drain_deadline or self._clock()),
+                }
+                try:
+                    stored = await self._port.put_variable(
+                        drain_path(key), items, self._home, cas=0
+                    )
+                except NomadConflict as conflict:
+                    stored = conflict.current or {}
+                self._records[key] = int(stored.get("ModifyIndex", 0))
+            elif policy.mode is PoolMode.ACTIVE and key in self._records:
+                await self._drop(key)
+        for key in [k for k in self._cancelled if k not in self._registry]:
+            await self._drop(key)
+        self._cancelled.clear()
+
+    async def finish(self, pools: Iterable[ManagedPool]) -> list[str]:
+        """Forget the removed pools of which Nomad holds nothing any more (no runner job,
+        no claim variable: their tombstones are forgotten by the plan after ten minutes);
+        returns their keys."""
+        finished = []
+        for managed in pools:
+            if managed.policy.mode is PoolMode.ACTIVE or managed.observation is None:
+                continue
+            if not managed.runners and not managed.observation.claims:
+                log.info("pool %s drained; forgetting it", managed.key)
+                self._registry.remove(managed.key)
+                await self._drop(managed.key)
+                finished.append(managed.key)
+        return finished
+
+    def take_orphans(self, namespace: str, orphans: Iterable[JobView]) -> None:
+        """Report runner jobs of pools defined nowhere; with --prune, drain them."""
+        for job in orphans:
+            key = job.pool
+            if key in self._registry or key in self._registry.protected:
+                continue
+            prefix = runner_prefix(job.id)
+            if self._prune and prefix is not None:
+                log.warning("pruning orphaned runners of pool %s (--prune)", key)
+                deadline = self._clock() + timedelta(seconds=DEFAULT_DRAIN_SECONDS)
+                self._registry.add_draining(key, namespace, prefix, PoolMode.DRAIN, deadline)
+                self._on_new_pool(namespace)
+            elif key not in self._reported_orphans:
+                self._reported_orphans.add(key)
+                log.warning(
+                    "namespace %s holds runner jobs of pool %s, which is not defined: "
+                    "left alone (orphaned; --prune drains them)",
+                    namespace,
+                    key,
+                )
+
+    async def _drop(self, key: str) -> None:
+        index = self._records.pop(key, None)
+        if index is not None:
+            with contextlib.suppress(NomadConflict):
+                await self._port.delete_variable(drain_path(key), self._home, cas=index)

@@ -1,0 +1,213 @@
+"""The engine: makes Nomad hold what the registered pools ask for, level-triggered.
+
+It is wired from rooms of its own: the pool registry (registry.py), when passes run
+(scheduler.py), one pass (reconcile.py: observe, split, classify, plan, apply.py,
+publish.py), removed pools and orphans (drains.py). Code outside reads pools through
+`PoolView`s and hears of what happens through the status and event sinks.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator, Mapping
+from datetime import datetime, timedelta
+
+from controller.claims.store import ClaimStore
+from controller.core.events import EventSink, PoolEvent
+from controller.core.problems import PoolProblem
+from controller.core.runner_ids import is_runner_id
+from controller.core.status import PoolStatus
+from controller.core.times import utcnow
+from controller.core.views import PoolMode
+from controller.engine.apply import Applier
+from controller.engine.drains import Drains
+from controller.engine.publish import Publisher, StatusSink
+from controller.engine.reconcile import PassResult, Reconciler
+from controller.engine.registry import PoolRegistry, PoolView
+from controller.engine.scheduler import Scheduler
+from controller.metrics import Metrics
+from controller.model import RunnerPool
+from controller.nomad.port import NomadPort
+
+Clock = Callable[[], datetime]
+
+# With no live claim, the loop still wakes on the resync period; this only bounds the
+# deadline handed to the scheduler.
+_NO_DEADLINE = timedelta(days=1)
+
+
+def _ignore(_: PoolEvent) -> None:
+    pass
+
+
+class PoolViews(Mapping[str, PoolView]):
+    """The registered pools by key, read-only."""
+
+    def __init__(self, registry: PoolRegistry) -> None:
+        self._registry = registry
+
+    def __getitem__(self, key: str) -> PoolView:
+        view = self._registry.view(key)
+        if view is None:
+            raise KeyError(key)
+        return view
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([m.key for m in self._registry])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self._registry)
+
+
+class Engine:
+    def __init__(
+        self,
+        port: NomadPort,
+        metrics: Metrics,
+        *,
+        resync_seconds: float = 10.0,
+        clock: Clock = utcnow,
+        rng: random.Random | None = None,
+        on_status: StatusSink | None = None,
+        on_event: EventSink = _ignore,
+        surge: int = 20,
+        reconcile: bool = True,
+        home_namespace: str = "default",
+        prune: bool = False,
+    ) -> None:
+        self.metrics = metrics
+        self.clock = clock
+        self._port = port
+        self.store = ClaimStore(port)
+        self._registry = PoolRegistry(surge=surge, events=on_event)
+        self.pools = PoolViews(self._registry)
+        self._publisher = Publisher(metrics, on_status)
+        self._drains = Drains(
+            port,
+            self._registry,
+            clock=clock,
+            home_namespace=home_namespace,
+            prune=prune,
+            on_new_pool=self._pool_added,
+        )
+        self._reconciler = Reconciler(
+            port,
+            self.store,
+            self._registry,
+            self._drains,
+            Applier(port, self.store, metrics, on_event, rng=rng),
+            self._publisher,
+            metrics,
+            on_event,
+            clock=clock,
+            reconcile=reconcile,
+        )
+        self._scheduler = Scheduler(self._run_scheduled, resync_seconds=resync_seconds, clock=clock)
+
+    @property
+    def reconcile(self) -> bool:
+        """False for a claims-only replica: it observes, never acts."""
+        return self._reconciler.reconcile
+
+    # ---- pools -------------------------------------------------------------------------
+
+    def upsert_pool(
+        self, pool: RunnerPool, generation: int = 0, refusal: PoolProblem | None = None
+    ) -> None:
+        """Register a pool or give it a new spec. `refusal` says why a newer spec was not
+        taken (this one, its last valid version, runs on)."""
+        managed = self._registry.upsert(pool, generation, refusal)
+        self._pool_added(managed.policy.nomad_namespace)
+
+    def remove_pool(
+        self, key: str, mode: PoolMode | None, deadline: datetime | None = None
+    ) -> None:
+        """Stop managing a pool. With a mode (drain/delete) its runners are still destroyed
+        as that mode says (claimed ones of a drain at `deadline`); with None (Orphan)
+        Nomad is left alone."""
+        managed = self._registry.get(key)
+        if managed is None:
+            return
+        namespace = managed.policy.nomad_namespace
+        if mode is None or mode is PoolMode.ACTIVE or not self.reconcile:
+            self._registry.remove(key)
+            self._publisher.forget(key)
+            self._drains.cancel(key)
+        else:
+            managed.policy = managed.policy.removed(mode, deadline or self.clock())
+        self._scheduler.hint(namespace)
+
+    def restore_status(self, key: str, status: PoolStatus) -> None:
+        """A status written by an earlier process (a custom resource's): keeps condition
+        transition times, and nothing is written until something changes."""
+        managed = self._registry.get(key)
+        if managed is not None and managed.status is None:
+            managed.status = status
+
+    def set_protected(self, keys: set[str]) -> None:
+        """Pools defined somewhere but not valid now: their runners are no orphans."""
+        self._registry.protected = set(keys)
+
+    def forget_pools(self) -> None:
+        """Drop every pool without touching Nomad or the drain records: another process
+        owns them now (a passive operator replica)."""
+        for managed in self._registry:
+            self._publisher.forget(managed.key)
+        self._registry.clear()
+        self._drains.forget()
+        self.store.forget_namespaces()
+
+    def pool_for_runner(self, runner_id: str) -> PoolView | None:
+        managed = self._registry.owner_of_runner(runner_id)
+        return None if managed is None else self._registry.view(managed.key)
+
+    def namespaces(self) -> set[str]:
+        return self._registry.namespaces()
+
+    def ready(self) -> list[str]:
+        """Keys of the reconciled pools not observed yet; empty when the engine is ready."""
+        return self._registry.unready()
+
+    async def purge_runner(self, runner_id: str, namespace: str) -> None:
+        """Purge a released runner's job now rather than on the next pass (its tombstone,
+        already written, makes every pass purge it again until it is gone)."""
+        await self._port.purge_job(runner_id, namespace)
+
+    async def resume_drains(self) -> None:
+        await self._drains.resume()
+
+    # ---- hints and passes --------------------------------------------------------------
+
+    def hint_namespace(self, namespace: str) -> None:
+        self._scheduler.hint(namespace)
+
+    def hint_job(self, namespace: str, job_id: str) -> None:
+        """An event about a job: wake the namespace only if the job looks like a runner."""
+        if any(
+            is_runner_id(m.policy.job_prefix, job_id) for m in self._registry.reconciled(namespace)
+        ):
+            self._scheduler.hint(namespace)
+
+    async def start(self) -> None:
+        self._scheduler.start(self.namespaces())
+
+    async def stop(self) -> None:
+        """Stop the loops. Stopping never destroys runners: Nomad keeps them."""
+        await self._scheduler.stop()
+
+    async def reconcile_namespace(self, namespace: str) -> PassResult:
+        result = await self._reconciler.run(namespace)
+        deadline = result.next_deadline or self.clock() + _NO_DEADLINE
+        self._scheduler.next_deadline(namespace, deadline)
+        return result
+
+    async def wait_for_observation(self, key: str, within: float) -> None:
+        """Wait (at most `within` seconds) until the pool has been observed again."""
+        await self._reconciler.wait_for_observation(key, within)
+
+    async def _run_scheduled(self, namespace: str) -> float:
+        return (await self.reconcile_namespace(namespace)).seconds
+
+    def _pool_added(self, namespace: str) -> None:
+        self._scheduler.ensure(namespace)
+        self._scheduler.hint(namespace)

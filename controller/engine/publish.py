@@ -1,0 +1,55 @@
+"""Publishing what a pass saw: a pool's status (through the front door's status sink, only
+when it changed or is a minute old) and its metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+
+from controller.core import breaker as breakers
+from controller.core.status import PoolStatus, compute_status, count, needs_write
+from controller.core.views import Runner
+from controller.engine.registry import ManagedPool
+from controller.metrics import Metrics
+
+StatusSink = Callable[[str, PoolStatus], Awaitable[None] | None]
+
+
+class Publisher:
+    def __init__(self, metrics: Metrics, on_status: StatusSink | None) -> None:
+        self._metrics = metrics
+        self._on_status = on_status
+
+    async def publish(self, managed: ManagedPool, runners: Sequence[Runner], now: datetime) -> None:
+        status = compute_status(
+            managed.policy,
+            runners,
+            now=now,
+            previous=managed.status,
+            observed_generation=managed.generation,
+            breaker_open=breakers.degraded(managed.breaker),
+            blocked=managed.conflict,
+            refusal=managed.refusal,
+        )
+        counts = count(runners)
+        self._metrics.set_runner_counts(
+            managed.key,
+            {
+                "idle": counts.current_idle,
+                "starting": counts.starting,
+                "claimed": counts.claimed,
+                "outdated": counts.outdated,
+                "terminating": counts.terminating,
+            },
+            managed.policy.desired_idle,
+        )
+        if managed.status is not None and not needs_write(managed.status, status, now):
+            return
+        managed.status = status
+        if self._on_status is not None:
+            written = self._on_status(managed.key, status)
+            if written is not None:
+                await written
+
+    def forget(self, key: str) -> None:
+        self._metrics.forget_pool(key)

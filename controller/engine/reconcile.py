@@ -1,0 +1,274 @@
+"""One pass over a Nomad namespace: observe → split → classify → plan → apply → status.
+
+One observation serves every pool of the namespace. The event loop also serves the claim
+API, so a pass must not hold it: the CPU-heavy, pure steps (building views of Nomad's
+lists, splitting them among pools, classifying, planning) run in a worker thread that
+only computes, while the loop thread stores every result (engine/offload.py), so a pass
+cancelled mid-way leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from controller.claims.store import ClaimStore
+from controller.core import breaker as breakers
+from controller.core.classify import classify
+from controller.core.events import BreakerClosed, BreakerOpened, EventSink
+from controller.core.plan import DestroyReason, plan
+from controller.core.split import split_observation
+from controller.core.views import JobView, PoolObservation, PoolPolicy, Runner, RunnerState
+from controller.engine.apply import Applier
+from controller.engine.drains import Drains
+from controller.engine.observe import NamespaceObservation, ViewCache, observe_namespace
+from controller.engine.offload import compute
+from controller.engine.publish import Publisher
+from controller.engine.registry import ManagedPool, PoolRegistry
+from controller.metrics import Metrics
+from controller.nomad.errors import NomadError
+from controller.nomad.port import NomadPort
+
+log = logging.getLogger(__name__)
+
+# Runner states whose classification does not depend on the clock (see _classify).
+_CLOCK_FREE_STATES = frozenset({RunnerState.IDLE, RunnerState.OUTDATED, RunnerState.TERMINATING})
+# Abandoned request records are looked for this often (one extra list call per namespace).
+REQUEST_GC_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class PassResult:
+    namespace: str
+    seconds: float
+    created: int
+    destroyed: int
+    errors: int
+    # The nearest deadline of a live claim, if any: the next pass should not come later.
+    next_deadline: datetime | None = None
+
+
+@dataclass(frozen=True)
+class _Split:
+    """The last pass's share-out of one namespace, reused while nothing changed."""
+
+    policies: list[PoolPolicy]
+    observation: NamespaceObservation
+    by_pool: dict[str, PoolObservation]
+    orphans: list[JobView]
+
+
+class Reconciler:
+    def __init__(
+        self,
+        port: NomadPort,
+        store: ClaimStore,
+        registry: PoolRegistry,
+        drains: Drains,
+        applier: Applier,
+        publisher: Publisher,
+        metrics: Metrics,
+        events: EventSink,
+        *,
+        clock: Callable[[], datetime],
+        reconcile: bool,
+    ) -> None:
+        self._port = port
+        self._store = store
+        self._registry = registry
+        self._drains = drains
+        self._applier = applier
+        self._publisher = publisher
+        self._metrics = metrics
+        self._events = events
+        self._clock = clock
+        self.reconcile = reconcile  # False: a claims-only replica observes, never acts
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._views: dict[str, ViewCache] = {}
+        self._splits: dict[str, _Split] = {}
+        self._requests_collected: dict[str, float] = {}  # namespace -> time.monotonic()
+        self._observed: dict[str, asyncio.Event] = {}  # pool key -> set by its next pass
+
+    async def run(self, namespace: str) -> PassResult:
+        """One full pass over a Nomad namespace: every pool in it, one observation. Passes
+        over one namespace never overlap."""
+        async with self._locks.setdefault(namespace, asyncio.Lock()):
+            started = time.perf_counter()
+            try:
+                with self._metrics.reconcile_duration.time():
+                    return await self._pass(namespace, started)
+            except NomadError:
+                for managed in self._registry.reconciled(namespace):
+                    self._metrics.reconcile_total.labels(pool=managed.key, result="error").inc()
+                raise
+
+    async def wait_for_observation(self, key: str, within: float) -> None:
+        """Wait (at most `within` seconds) until the pool has been observed again."""
+        event = self._observed.setdefault(key, asyncio.Event())
+        try:
+            async with asyncio.timeout(within):  # not wait_for: see scheduler._loop
+                await event.wait()
+        except TimeoutError:
+            pass
+
+    async def _pass(self, namespace: str, started: float) -> PassResult:
+        observation_started = time.monotonic()
+        observed = await observe_namespace(
+            self._port, self._store, namespace, self._views.setdefault(namespace, ViewCache())
+        )
+        now = self._clock()
+        upcoming = [
+            c.expires_at
+            for c in observed.claims.values()
+            if not c.is_tombstone and c.expires_at > now
+        ]
+        pools = self._registry.reconciled(namespace)
+        by_pool, orphans = await self._split(namespace, [m.policy for m in pools], observed)
+        if self.reconcile:
+            self._drains.take_orphans(namespace, orphans)
+            await self._drains.sync(self._registry.in_namespace(namespace))
+        outcomes = await asyncio.gather(
+            *(self._pool_pass(m, by_pool[m.key], now, observation_started) for m in pools)
+        )
+        for managed in self._registry.in_namespace(namespace):
+            if managed.conflict is not None:
+                await self._publisher.publish(managed, [], now)
+        for key in await self._drains.finish(pools):
+            self._publisher.forget(key)
+        if self.reconcile:
+            await self._collect_requests(namespace, observed, now)
+        return PassResult(
+            namespace,
+            time.perf_counter() - started,
+            created=sum(o.created for o in outcomes),
+            destroyed=sum(o.destroyed for o in outcomes),
+            errors=sum(o.errors for o in outcomes),
+            next_deadline=min(upcoming, default=None),
+        )
+
+    async def _collect_requests(
+        self, namespace: str, observed: NamespaceObservation, now: datetime
+    ) -> None:
+        """Every REQUEST_GC_SECONDS: delete request records no claim carries any more.
+        Never fails the pass."""
+        due = self._requests_collected.get(namespace, -REQUEST_GC_SECONDS) + REQUEST_GC_SECONDS
+        if time.monotonic() < due:
+            return
+        self._requests_collected[namespace] = time.monotonic()
+        try:
+            await self._store.collect_abandoned_requests(namespace, observed.claims.values(), now)
+        except NomadError as error:
+            log.warning("collecting abandoned request records in %s: %s", namespace, error)
+
+    async def _split(
+        self, namespace: str, policies: list[PoolPolicy], observed: NamespaceObservation
+    ) -> tuple[dict[str, PoolObservation], list[JobView]]:
+        """Share the observation among the pools; when neither the policies nor anything
+        observed changed since the last pass (the usual steady state), the last split is
+        reused. The comparison is cheap: unchanged views are the same objects."""
+        cached = self._splits.get(namespace)
+        if (
+            cached is not None
+            and len(cached.policies) == len(policies)
+            and all(a is b for a, b in zip(cached.policies, policies, strict=True))
+            and cached.observation == observed
+        ):
+            return cached.by_pool, cached.orphans
+        by_pool, orphans = await compute(
+            len(observed.jobs),
+            split_observation,
+            policies,
+            observed.jobs,
+            observed.allocations,
+            observed.claims,
+            observed.malformed_claims,
+        )
+        self._splits[namespace] = _Split(policies, observed, by_pool, orphans)
+        return by_pool, orphans
+
+    async def _pool_pass(
+        self,
+        managed: ManagedPool,
+        observation: PoolObservation,
+        now: datetime,
+        observation_started: float,
+    ) -> _Outcome:
+        policy = managed.policy
+        runners = await compute(len(observation.jobs), _classify, managed, policy, observation, now)
+        managed.classified_policy = policy
+        started = breakers.count_started(managed.runners, runners)
+        managed.runners, managed.observation, managed.observed = tuple(runners), observation, True
+        managed.observation_started = observation_started
+        self._observed.pop(managed.key, asyncio.Event()).set()
+        if not self.reconcile:
+            await self._publisher.publish(managed, runners, now)
+            return _Outcome()
+        todo = await compute(
+            len(runners),
+            plan,
+            policy,
+            observation,
+            runners,
+            now,
+            creation_allowed=breakers.creation_allowed(managed.breaker, now),
+        )
+        applied = await self._applier.apply(managed, todo, runners, now)
+        # A registration Nomad accepted says nothing about whether the image starts: the
+        # breaker counts runners that reached running as successes, and failed
+        # registrations, failed starts and startup timeouts as failures.
+        start_failures = sum(
+            1
+            for d in todo.destroy
+            if d.reason in (DestroyReason.STARTUP_TIMEOUT, DestroyReason.FAILED)
+        )
+        self._record_breaker(managed, started, applied.create_errors + start_failures, now)
+        self._metrics.reconcile_total.labels(
+            pool=policy.key, result="error" if applied.errors else "success"
+        ).inc()
+        await self._publisher.publish(managed, runners, now)
+        return _Outcome(applied.created, applied.destroyed, applied.errors)
+
+    def _record_breaker(
+        self, managed: ManagedPool, successes: int, failures: int, now: datetime
+    ) -> None:
+        before = managed.breaker
+        after = breakers.record(before, successes, failures, now)
+        managed.breaker = after
+        if breakers.degraded(after) and after.open_until != before.open_until:
+            pause = after.open_until - now if after.open_until else timedelta(0)
+            self._events(
+                BreakerOpened(managed.key, after.consecutive_failures, pause.total_seconds())
+            )
+        elif breakers.degraded(before) and not breakers.degraded(after):
+            self._events(BreakerClosed(managed.key))
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    created: int = 0
+    destroyed: int = 0
+    errors: int = 0
+
+
+def _classify(
+    managed: ManagedPool, policy: PoolPolicy, observation: PoolObservation, now: datetime
+) -> list[Runner]:
+    """Classify the pool's runners, or reuse the last pass's result when nothing the
+    classification reads has changed: the same policy, an equal observation (the views
+    are the very objects of the last pass unless Nomad changed them, so this is cheap),
+    and only states that do not depend on the clock (a starting runner can time out and a
+    claim can expire, so those are always classified again). Runs in a worker thread, so
+    it only reads: the caller stores the result."""
+    previous = managed.observation
+    if (
+        previous is not None
+        and managed.classified_policy is policy
+        and all(r.state in _CLOCK_FREE_STATES for r in managed.runners)
+        and observation == previous
+    ):
+        return list(managed.runners)
+    return classify(policy, observation, now)

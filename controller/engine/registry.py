@@ -1,0 +1,228 @@
+"""The pools the engine keeps: registration, removal, prefix conflicts, and the read-only
+view of a pool that code outside the engine gets.
+
+Two pools with the same job prefix in the same Nomad namespace conflict: the one
+registered first keeps the prefix, the other is not reconciled and hands out nothing
+until the conflict goes (`Problem.PREFIX_CONFLICT`). A pool whose newest spec was refused
+(invalid, or an immutable field changed) keeps running its last valid version; the
+refusal is reported in its status (`refusal`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from controller.core import breaker as breakers
+from controller.core.events import EventSink, PrefixConflictFound
+from controller.core.problems import PoolProblem, Problem
+from controller.core.runner_ids import is_runner_id
+from controller.core.status import PoolStatus
+from controller.core.views import PoolMode, PoolObservation, PoolPolicy, Runner
+from controller.model import RunnerPool
+from controller.nomad.jobs import render_job, template_hash
+
+
+@dataclass
+class ManagedPool:
+    """A pool the engine keeps, with what it learnt on the last pass. Engine-internal:
+    everything else reads it through a PoolView."""
+
+    pool: RunnerPool | None  # None: a drain resumed from Nomad or an orphan being pruned
+    policy: PoolPolicy
+    rendered_job: dict[str, Any]
+    generation: int
+    order: int  # first registration; the earlier of two pools with one prefix wins
+    conflict: PoolProblem | None = None
+    refusal: PoolProblem | None = None
+    breaker: breakers.BreakerState = field(default_factory=breakers.BreakerState)
+    status: PoolStatus | None = None
+    runners: tuple[Runner, ...] = ()
+    observation: PoolObservation | None = None
+    observed: bool = False
+    observation_started: float = 0.0  # time.monotonic() when the last observation began
+    classified_policy: PoolPolicy | None = None  # the policy `runners` were classified with
+
+    @property
+    def key(self) -> str:
+        return self.policy.key
+
+
+class PoolView:
+    """A read-only window on one pool: what the API, the claim service and the front
+    doors may know of it. It follows the pool (it is not a copy), at no cost per read."""
+
+    __slots__ = ("_managed",)
+
+    def __init__(self, managed: ManagedPool) -> None:
+        self._managed = managed
+
+    @property
+    def key(self) -> str:
+        return self._managed.key
+
+    @property
+    def pool(self) -> RunnerPool | None:
+        """The spec that runs: the last valid version, None for a pool only being drained."""
+        return self._managed.pool
+
+    @property
+    def policy(self) -> PoolPolicy:
+        return self._managed.policy
+
+    @property
+    def generation(self) -> int:
+        return self._managed.generation
+
+    @property
+    def runners(self) -> tuple[Runner, ...]:
+        """The pool's runners as the last pass classified them."""
+        return self._managed.runners
+
+    @property
+    def observation(self) -> PoolObservation | None:
+        return self._managed.observation
+
+    @property
+    def observed(self) -> bool:
+        return self._managed.observed
+
+    @property
+    def observation_started(self) -> float:
+        return self._managed.observation_started
+
+    @property
+    def status(self) -> PoolStatus | None:
+        return self._managed.status
+
+    @property
+    def conflict(self) -> PoolProblem | None:
+        return self._managed.conflict
+
+    @property
+    def refusal(self) -> PoolProblem | None:
+        return self._managed.refusal
+
+    @property
+    def active(self) -> bool:
+        """Defined (not being removed) and in the files or the cluster."""
+        return self._managed.pool is not None and self.policy.mode is PoolMode.ACTIVE
+
+    @property
+    def hands_out_runners(self) -> bool:
+        return self.active and self._managed.conflict is None
+
+
+class PoolRegistry:
+    def __init__(self, *, surge: int, events: EventSink) -> None:
+        self._surge = surge
+        self._events = events
+        self._pools: dict[str, ManagedPool] = {}
+        self._order = itertools.count()
+        # Keys of pools defined somewhere but not valid now: never orphans, never pruned.
+        self.protected: set[str] = set()
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._pools
+
+    def __iter__(self) -> Iterator[ManagedPool]:
+        return iter(list(self._pools.values()))
+
+    def get(self, key: str) -> ManagedPool | None:
+        return self._pools.get(key)
+
+    def view(self, key: str) -> PoolView | None:
+        managed = self._pools.get(key)
+        return None if managed is None else PoolView(managed)
+
+    def views(self) -> list[PoolView]:
+        return [PoolView(m) for m in sorted(self._pools.values(), key=lambda m: m.key)]
+
+    def upsert(self, pool: RunnerPool, generation: int, refusal: PoolProblem | None) -> ManagedPool:
+        """Register a new pool or give a known one its new spec (immutable fields are the
+        caller's to check, see controller.sources.registration)."""
+        rendered = render_job(pool)
+        policy = PoolPolicy(
+            key=pool.key,
+            nomad_namespace=pool.spec.nomad.namespace,
+            job_prefix=pool.job_prefix,
+            desired_idle=pool.spec.idle_runners,
+            max_runners=pool.spec.max_runners,
+            startup_timeout_seconds=pool.spec.startup_timeout_seconds,
+            template_hash=template_hash(rendered),
+            surge=self._surge,
+        )
+        managed = self._pools.get(pool.key)
+        if managed is None:
+            managed = ManagedPool(pool, policy, rendered, generation, next(self._order))
+            self._pools[pool.key] = managed
+        else:
+            managed.pool, managed.policy, managed.rendered_job = pool, policy, rendered
+            managed.generation = generation
+        managed.refusal = refusal
+        self._resolve_conflicts()
+        return managed
+
+    def add_draining(
+        self, key: str, namespace: str, job_prefix: str, mode: PoolMode, deadline: datetime
+    ) -> ManagedPool:
+        """Manage a pool known only by its runners: a resumed drain or a pruned orphan."""
+        policy = PoolPolicy(
+            key=key,
+            nomad_namespace=namespace,
+            job_prefix=job_prefix,
+            desired_idle=0,
+            max_runners=0,
+            startup_timeout_seconds=1,
+            template_hash="",
+            mode=mode,
+            drain_deadline=deadline,
+        )
+        managed = ManagedPool(None, policy, {}, 0, next(self._order))
+        self._pools[key] = managed
+        self._resolve_conflicts()
+        return managed
+
+    def remove(self, key: str) -> ManagedPool | None:
+        managed = self._pools.pop(key, None)
+        self._resolve_conflicts()
+        return managed
+
+    def clear(self) -> None:
+        self._pools.clear()
+
+    def namespaces(self) -> set[str]:
+        return {m.policy.nomad_namespace for m in self._pools.values()}
+
+    def in_namespace(self, namespace: str) -> list[ManagedPool]:
+        return [m for m in self._pools.values() if m.policy.nomad_namespace == namespace]
+
+    def reconciled(self, namespace: str) -> list[ManagedPool]:
+        """The namespace's pools that are reconciled: every one without a prefix conflict."""
+        return [m for m in self.in_namespace(namespace) if m.conflict is None]
+
+    def unready(self) -> list[str]:
+        """Keys of the reconciled pools not observed yet."""
+        return [m.key for m in self._pools.values() if m.conflict is None and not m.observed]
+
+    def owner_of_runner(self, runner_id: str) -> ManagedPool | None:
+        """The pool whose job prefix the runner ID carries (the prefix's owner when two
+        pools conflict over it)."""
+        matching = [m for m in self._pools.values() if is_runner_id(m.policy.job_prefix, runner_id)]
+        return min(matching, key=lambda m: (m.conflict is not None, m.order), default=None)
+
+    def _resolve_conflicts(self) -> None:
+        owners: dict[tuple[str, str], ManagedPool] = {}
+        for managed in sorted(self._pools.values(), key=lambda m: m.order):
+            slot = (managed.policy.nomad_namespace, managed.policy.job_prefix)
+            owner = owners.setdefault(slot, managed)
+            if owner is managed:
+                managed.conflict = None
+                continue
+            found = PrefixConflictFound(managed.key, owner.key, slot[1], slot[0])
+            if managed.conflict is None:
+                self._events(found)
+            managed.conflict = PoolProblem(Problem.PREFIX_CONFLICT, found.message)

@@ -1,0 +1,103 @@
+"""Options of `poolkeeper operator` and the kopf settings they make."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import kopf
+
+from controller.errors import UsageError
+from controller.service import (
+    ServiceSettings,
+    parse_listen,
+)
+
+log = logging.getLogger(__name__)
+
+GROUP: Final = "poolkeeper.dev"
+VERSION: Final = "v1alpha1"
+PLURAL: Final = "runnerpools"
+FINALIZER: Final = "poolkeeper.dev/finalizer"
+# kopf keeps its handler progress and last-handled spec in annotations with this prefix
+# (never in .status, which belongs to poolkeeper, and never in .spec).
+ANNOTATION_PREFIX: Final = "poolkeeper.dev"
+# A peer not heard from for this long is dead; kopf refreshes its record every
+# lifetime - (5..10) s. Failover: at once when the active replica stops gracefully (it
+# removes its record), at most this long after it died without saying goodbye.
+PEERING_LIFETIME_SECONDS: Final = 15
+PRIORITY_RANGE: Final = (1, 2**31 - 1)
+COMPONENT: Final = "poolkeeper"
+PASSIVE: Final = "(passive replica: another operator replica is active)"
+
+Connect = Callable[[kopf.OperatorSettings], kopf.ConnectionInfo | None]
+
+
+@dataclass(frozen=True)
+class OperatorOptions(ServiceSettings):
+    listen: tuple[str, int] = ("0.0.0.0", 8080)
+    namespaces: tuple[str, ...] = ()  # empty: all namespaces
+    peering: str | None = None
+    priority: int = 0
+    liveness: str | None = None
+    peering_lifetime: int = PEERING_LIFETIME_SECONDS
+    finalize_retry_seconds: float = 2.0
+    api_error_backoffs: tuple[float, ...] | None = None  # None: kopf's own
+
+
+def options_from_args(args: argparse.Namespace) -> OperatorOptions:
+    if args.resync_seconds <= 0:
+        raise UsageError(f"--resync-seconds {args.resync_seconds} must be positive")
+    priority = args.priority
+    if priority is None:
+        # kopf pauses every replica when two share a priority: draw from a wide range.
+        priority = random.SystemRandom().randint(*PRIORITY_RANGE)
+    return OperatorOptions(
+        namespaces=tuple(args.namespace or ()) if not args.all_namespaces else (),
+        listen=parse_listen(args.listen),
+        resync_seconds=args.resync_seconds,
+        token_file=Path(args.api_token_file) if args.api_token_file else None,
+        insecure_no_auth=args.insecure_no_auth,
+        peering=args.peering,
+        priority=priority,
+        liveness=args.liveness,
+    )
+
+
+def operator_settings(options: OperatorOptions) -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
+    # No CRD or namespace scanning: the resources are known, and RBAC stays minimal.
+    settings.scanning.disabled = True
+    settings.peering.lifetime = options.peering_lifetime
+    settings.peering.priority = options.priority
+    settings.peering.stealth = True
+    if options.peering:
+        settings.peering.name = options.peering
+        settings.peering.mandatory = True
+    else:
+        settings.peering.standalone = True
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix=ANNOTATION_PREFIX
+    )
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+    # kopf's own per-handler Events only for problems; poolkeeper posts its own.
+    settings.posting.level = logging.WARNING
+    settings.posting.reporting_component = COMPONENT
+    if options.api_error_backoffs is not None:
+        settings.networking.error_backoffs = options.api_error_backoffs
+    return settings
+
+
+def default_connect(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo | None:
+    """In a pod: the service account; elsewhere: KUBECONFIG or ~/.kube/config."""
+    return kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
+        settings=settings
+    )
