@@ -34,7 +34,7 @@ from controller.core.claims import (
 )
 from controller.core.requests import abandoned_requests
 from controller.nomad.errors import NomadConflict
-from controller.nomad.port import NomadPort
+from controller.nomad.port import Variables
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class _NamespaceCache:
 
 
 class ClaimStore:
-    def __init__(self, port: NomadPort) -> None:
+    def __init__(self, port: Variables) -> None:
         self._port = port
         self._caches: dict[str, _NamespaceCache] = {}
 

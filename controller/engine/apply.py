@@ -26,7 +26,7 @@ from controller.engine.registry import ManagedPool
 from controller.metrics import Metrics
 from controller.nomad.errors import NomadError
 from controller.nomad.jobs import runner_job
-from controller.nomad.port import NomadPort
+from controller.nomad.port import JobWriter
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class Applied:
 class Applier:
     def __init__(
         self,
-        port: NomadPort,
+        port: JobWriter,
         store: ClaimStore,
         metrics: Metrics,
         events: EventSink,

@@ -19,7 +19,7 @@ from controller.core.times import format_time, parse_time
 from controller.core.views import JobView, PoolMode
 from controller.engine.registry import ManagedPool, PoolRegistry
 from controller.nomad.errors import NomadConflict
-from controller.nomad.port import NomadPort
+from controller.nomad.port import Variables
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ def drain_path(key: str) -> str:
 class Drains:
     def __init__(
         self,
-        port: NomadPort,
+        port: Variables,
         registry: PoolRegistry,
         *,
         clock: Callable[[], datetime],

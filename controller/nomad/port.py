@@ -1,8 +1,9 @@
-"""What the engine and the claim store need of Nomad: the calls they make, as a protocol.
+"""What the engine and the claim store need of Nomad: the calls they make, as protocols.
 
-`controller.nomad.client.NomadClient` is the implementation; tests drive the engine's
-real apply code through an in-memory one. Errors are those of `controller.nomad.errors`:
-a lost check-and-set raises NomadConflict (with the current variable, if any).
+`controller.nomad.client.NomadClient` implements them all; tests drive the engine's real
+apply code through an in-memory model of Nomad. Errors are those of
+`controller.nomad.errors`: a lost check-and-set raises NomadConflict (with the current
+variable, if any).
 """
 
 from __future__ import annotations
@@ -10,16 +11,18 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 
-class NomadPort(Protocol):
-    async def list_jobs(self, namespace: str) -> list[dict[str, Any]]: ...
-
-    async def list_allocations(self, namespace: str) -> list[dict[str, Any]]: ...
+class JobWriter(Protocol):
+    """Registering and purging runner jobs (the Applier)."""
 
     async def register_job(
         self, job: dict[str, Any], *, enforce_index: int | None = None
     ) -> dict[str, Any]: ...
 
     async def purge_job(self, job_id: str, namespace: str) -> None: ...
+
+
+class Variables(Protocol):
+    """Nomad Variables with check-and-set (the claim store, drain records)."""
 
     async def list_variables(self, prefix: str, namespace: str) -> list[dict[str, Any]]: ...
 
@@ -32,5 +35,13 @@ class NomadPort(Protocol):
     async def delete_variable(
         self, path: str, namespace: str, *, cas: int | None = None
     ) -> None: ...
+
+
+class NomadPort(JobWriter, Variables, Protocol):
+    """Everything the engine calls: the writers above, and the lists a pass observes."""
+
+    async def list_jobs(self, namespace: str) -> list[dict[str, Any]]: ...
+
+    async def list_allocations(self, namespace: str) -> list[dict[str, Any]]: ...
 
     async def leader(self) -> str: ...

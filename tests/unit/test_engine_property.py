@@ -1,15 +1,18 @@
-"""Property test: classify + plan against a tiny pure model of Nomad.
+"""Property test: classify + plan + the engine's real apply code against a tiny model of
+Nomad.
 
 Hypothesis draws random interleavings of scheduler and client behaviour (placements,
 instant reschedules with the new allocation before the old one's stop, node loss,
 disconnects, OOM restarts in place, failures, client updates in either order, jobs
 purged behind the controller's back), claims and releases, spec changes, clock jumps
-and reconcile ticks. Each tick observes the model, classifies, plans and applies the
-plan the way the controller does (claim variable first, with check-and-set, then
-purge). Invariants:
+and reconcile ticks. Each tick observes the model, classifies, plans, and hands the plan
+to the engine's Applier, which writes to the model through the same Nomad port (and
+claim store) it uses against Nomad. Invariants:
 
 - total runner jobs (not dead) never exceed maxRunners;
-- a healthy claimed runner is never destroyed;
+- a healthy claimed runner is never destroyed, and the controller purges a job only
+  while it holds the runner's claim variable as a tombstone (even when a client claims
+  the runner between the plan and its application);
 - once faults stop and Nomad settles, a few ticks give exactly the desired idle
   runners of the current template, and every job is an idle or claimed runner;
 - a removed pool (Drain past its deadline, Delete) leaves no job and no live claim.
@@ -17,18 +20,22 @@ purge). Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from controller.claims.store import ClaimStore
 from controller.core.claims import ClaimRecord, ClaimState
 from controller.core.classify import classify
 from controller.core.plan import DestroyReason, Plan, plan
+from controller.core.runner_ids import META_TEMPLATE
 from controller.core.times import to_ns
 from controller.core.views import (
     AllocationView,
@@ -39,6 +46,10 @@ from controller.core.views import (
     Runner,
     RunnerState,
 )
+from controller.engine.apply import Applier
+from controller.engine.registry import ManagedPool
+from controller.metrics import Metrics
+from controller.nomad.errors import NomadConflict
 from tests.unit.test_classify import NOW
 
 T = TypeVar("T")
@@ -83,7 +94,9 @@ class Job:
 
 
 class Nomad:
-    """Just enough of Nomad: jobs with allocations, and check-and-set variables."""
+    """Just enough of Nomad: jobs with allocations, and check-and-set variables. The
+    controller's side reaches it through the port methods the Applier and the claim
+    store call (register_job, purge_job, put_variable, delete_variable)."""
 
     def __init__(self) -> None:
         self.now: datetime = NOW
@@ -91,17 +104,77 @@ class Nomad:
         self.jobs: dict[str, Job] = {}
         self.vars: dict[str, ClaimRecord] = {}
         self.registered = 0
+        self.place_on_register = True
 
     def next_index(self) -> int:
         self.index += 1
         return self.index
 
-    def register(self, template: str, place: bool) -> None:
+    # ---- the port ----------------------------------------------------------------------
+
+    async def register_job(
+        self, job: dict[str, Any], *, enforce_index: int | None = None
+    ) -> dict[str, Any]:
+        job_id = job["ID"]
+        if enforce_index == 0 and job_id in self.jobs:
+            raise NomadConflict("Enforcing job modify index 0: job already exists")
         self.registered += 1
-        job_id = f"{PREFIX}{self.registered:012x}"
-        self.jobs[job_id] = job = Job(job_id, template, to_ns(self.now))
-        if place:
-            self.place(job)
+        self.jobs[job_id] = record = Job(job_id, job["Meta"][META_TEMPLATE], to_ns(self.now))
+        if self.place_on_register:
+            self.place(record)
+        return {"EvalID": "", "JobModifyIndex": self.next_index()}
+
+    async def purge_job(self, job_id: str, namespace: str) -> None:
+        # The controller destroys a runner only while it holds the runner's claim
+        # variable as a tombstone: a live claim, or none, means a client's runner.
+        claim = self.vars.get(job_id)
+        assert claim is not None and claim.is_tombstone, (job_id, claim)
+        self.purge(job_id)
+
+    async def put_variable(
+        self, path: str, items: dict[str, str], namespace: str, *, cas: int
+    ) -> dict[str, Any]:
+        runner_id = path.rpartition("/")[2]
+        current = self.vars.get(runner_id)
+        if (current.modify_index if current else 0) != cas:
+            raise NomadConflict("cas conflict", status=409)
+        variable = {
+            "Namespace": namespace,
+            "Path": path,
+            "ModifyIndex": self.next_index(),
+            "ModifyTime": to_ns(self.now),
+            "Items": dict(items),
+        }
+        self.vars[runner_id] = ClaimRecord.from_variable(variable)
+        return variable
+
+    async def list_variables(self, prefix: str, namespace: str) -> list[dict[str, Any]]:
+        return [
+            {"Path": f"poolkeeper/claims/{r}"} for r in self.vars if prefix == "poolkeeper/claims/"
+        ]
+
+    async def read_variable(self, path: str, namespace: str) -> dict[str, Any] | None:
+        record = self.vars.get(path.rpartition("/")[2])
+        if record is None:
+            return None
+        return {
+            "Namespace": namespace,
+            "Path": path,
+            "ModifyIndex": record.modify_index,
+            "ModifyTime": record.modify_time_ns,
+            "Items": record.to_items(),
+        }
+
+    async def delete_variable(self, path: str, namespace: str, *, cas: int | None = None) -> None:
+        runner_id = path.rpartition("/")[2]
+        current = self.vars.get(runner_id)
+        if current is None or not path.startswith("poolkeeper/claims/"):
+            return  # request records are not modelled
+        if cas is not None and current.modify_index != cas:
+            raise NomadConflict("cas conflict", status=409)
+        del self.vars[runner_id]
+
+    # ---- the world's side ----------------------------------------------------------------
 
     def place(self, job: Job) -> Alloc:
         index = self.next_index()
@@ -121,11 +194,6 @@ class Nomad:
             record, modify_index=self.next_index(), modify_time_ns=to_ns(self.now)
         )
         return True
-
-    def delete_var(self, record: ClaimRecord) -> None:
-        current = self.vars.get(record.runner_id)
-        if current is not None and current.modify_index == record.modify_index:
-            del self.vars[record.runner_id]
 
     def observe(self) -> PoolObservation:
         jobs = tuple(
@@ -169,6 +237,13 @@ class World:
     policy: PoolPolicy
     max_claims: int
     max_desired: int
+    applier: Applier = field(init=False)
+
+    def __post_init__(self) -> None:
+        port = self.nomad
+        self.applier = Applier(
+            port, ClaimStore(port), Metrics(), lambda event: None, rng=random.Random(0)
+        )
 
     def runners(self) -> list[Runner]:
         return classify(self.policy, self.nomad.observe(), self.nomad.now)
@@ -178,7 +253,7 @@ class World:
 
     # ---- faults and client behaviour ----------------------------------------------
 
-    def fault(self, op: str, arg: int) -> None:
+    async def fault(self, op: str, arg: int) -> None:
         nomad = self.nomad
         jobs = sorted(nomad.jobs.values(), key=lambda j: j.id)
         live = nomad.live_allocs()
@@ -250,16 +325,18 @@ class World:
         elif op == "heal":  # a quiet moment: clients report, the scheduler catches up
             self.settle_nomad()
         elif op == "tick":
-            self.tick(place=arg % 3 != 0)
+            await self.tick(place=arg % 3 != 0)
+        elif op == "race":
+            await self.tick(race=arg)
         else:  # pragma: no cover - the strategy draws only the names above
             raise AssertionError(op)
 
-    def claim(self, arg: int) -> None:
+    def claim(self, arg: int, among: list[Runner] | None = None) -> None:
         nomad = self.nomad
         if sum(1 for c in nomad.vars.values() if not c.is_tombstone) >= self.max_claims:
             return
         idle = [r for r in self.runners() if r.state in (RunnerState.IDLE, RunnerState.OUTDATED)]
-        chosen = pick(idle, arg)
+        chosen = pick(among or idle, arg)
         if chosen is None or chosen.allocation is None:
             return
         record = ClaimRecord.new(
@@ -275,35 +352,27 @@ class World:
 
     # ---- the controller -------------------------------------------------------------
 
-    def tick(self, place: bool = True) -> Plan:
+    async def tick(self, place: bool = True, race: int | None = None) -> Plan:
+        """One reconcile pass. With `race`, a client claims a runner between the plan and
+        its application, preferably one the plan is about to retire: the apply code must
+        then leave it claimed."""
         nomad = self.nomad
         observation = nomad.observe()
         runners = classify(self.policy, observation, nomad.now)
         todo = plan(self.policy, observation, runners, nomad.now, creation_allowed=True)
         by_id = {r.id: r for r in runners}
         for destroy in todo.destroy:
-            runner = by_id[destroy.runner_id]
-            if runner.state is RunnerState.CLAIMED:
+            if by_id[destroy.runner_id].state is RunnerState.CLAIMED:
                 # only a removed pool may take a healthy claimed runner
                 assert destroy.reason in (DestroyReason.DRAIN, DestroyReason.DELETE)
-            if destroy.claim is None:
-                tombstone = ClaimRecord.new(
-                    runner_id=destroy.runner_id, namespace="default", pool=POOL,
-                    allocation_id="", now=nomad.now, inactivity_timeout_seconds=0,
-                ).with_state(destroy.tombstone_state)  # fmt: skip
-                if not nomad.put_var(tombstone, cas=0):
-                    continue  # a client claimed it first
-            elif not destroy.claim.is_tombstone:
-                ended = destroy.claim.with_state(destroy.tombstone_state)
-                if not nomad.put_var(ended, destroy.claim.modify_index):
-                    continue
-            nomad.purge(destroy.runner_id)
-        for claim in todo.lose:
-            nomad.put_var(claim.with_state(ClaimState.LOST), claim.modify_index)
-        for claim in todo.forget:
-            nomad.delete_var(claim)
-        for _ in range(todo.create):
-            nomad.register(self.policy.template_hash, place)
+        if race is not None:
+            claimable = (RunnerState.IDLE, RunnerState.OUTDATED)
+            retiring = [by_id[d.runner_id] for d in todo.destroy if d.claim is None]
+            self.claim(race, among=[r for r in retiring if r.state in claimable] or None)
+        nomad.place_on_register = place
+        managed = ManagedPool(None, self.policy, {}, 0, 0)
+        applied = await self.applier.apply(managed, todo, runners, nomad.now)
+        assert applied.errors == 0
         return todo
 
     def settle_nomad(self) -> None:
@@ -321,7 +390,7 @@ class World:
                     a.client = "running"
 
 
-def settle(world: World) -> None:
+async def settle(world: World) -> None:
     """Faults stop: a few rounds of "Nomad settles, one tick, a second passes" suffice.
 
     Ends right after a tick that had nothing to do, so the state is judged at the
@@ -329,7 +398,7 @@ def settle(world: World) -> None:
     """
     for _ in range(4 * world.policy.max_runners + 4):
         world.settle_nomad()
-        todo = world.tick()
+        todo = await world.tick()
         world.check()
         if not (todo.create or todo.destroy):
             break
@@ -340,7 +409,7 @@ def settle(world: World) -> None:
 FAULTS = [
     "place", "start", "reschedule", "client_stopped", "node_loss", "disconnect", "oom",
     "fail", "vanish", "claim", "claim", "release", "advance", "template", "scale",
-    "tick", "tick", "tick", "heal", "heal", "claim",
+    "tick", "tick", "tick", "heal", "heal", "claim", "race", "race",
 ]  # fmt: skip
 
 
@@ -378,11 +447,16 @@ def test_pool_converges_and_never_exceeds_max(
         max_claims=max_runners - desired,
         max_desired=desired,
     )
-    settle(world)  # start from a full pool, so faults hit runners
+    asyncio.run(play(world, steps, removal))
+
+
+async def play(world: World, steps: list[tuple[str, int]], removal: PoolMode | None) -> None:
+    max_runners = world.policy.max_runners
+    await settle(world)  # start from a full pool, so faults hit runners
     for op, arg in steps:
-        world.fault(op, arg)
+        await world.fault(op, arg)
         world.check()
-    settle(world)
+    await settle(world)
     # Judged on the model itself, not through classify.
     nomad, pool = world.nomad, world.policy
     live_claims = {c.runner_id: c for c in nomad.vars.values() if not c.is_tombstone}
@@ -405,12 +479,12 @@ def test_pool_converges_and_never_exceeds_max(
     if removal is not None:
         # The pool is removed (drain deadline already passed): nothing may be left.
         world.policy = dataclasses.replace(pool, mode=removal, drain_deadline=nomad.now)
-        settle(world)
+        await settle(world)
         assert nomad.jobs == {}
         assert all(c.is_tombstone for c in nomad.vars.values())
 
 
-def test_seed_instant_reschedule_never_over_or_under_creates() -> None:
+async def test_seed_instant_reschedule_never_over_or_under_creates() -> None:
     """The seed story on the model: an idle runner's alloc is rescheduled instantly and
     the ticks see every intermediate state; the pool never registers an extra job."""
     world = World(
@@ -419,9 +493,9 @@ def test_seed_instant_reschedule_never_over_or_under_creates() -> None:
         max_claims=0,
         max_desired=2,
     )
-    world.tick()
+    await world.tick()
     world.settle_nomad()
-    assert world.tick().empty and world.nomad.registered == 2
+    assert (await world.tick()).empty and world.nomad.registered == 2
     job = world.nomad.jobs[sorted(world.nomad.jobs)[0]]
     old = job.allocs[-1]
     sequence: list[Callable[[], object]] = [
@@ -432,7 +506,7 @@ def test_seed_instant_reschedule_never_over_or_under_creates() -> None:
     ]
     for step in sequence:
         step()
-        world.tick()
+        await world.tick()
         assert len(world.runners()) == 2
     assert world.nomad.registered == 2  # the runner was neither lost nor duplicated
     assert [r.state for r in world.runners()] == [RunnerState.IDLE] * 2
