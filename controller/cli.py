@@ -1,4 +1,4 @@
-"""The commands of CONTRACT.md section 3.
+"""poolkeeper: warm runner pools on HashiCorp Nomad (docs/reference.md lists every command).
 
 Exit codes: 0 success, 2 usage or configuration error (one line naming the bad value),
 1 anything else.

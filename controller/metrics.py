@@ -1,4 +1,4 @@
-"""Prometheus collectors of CONTRACT.md section 7.
+"""Prometheus collectors (every series is listed in docs/reference.md).
 
 Each controller owns its own registry, so several controllers (tests, the demo) can live
 in one process without colliding.

@@ -1,4 +1,4 @@
-"""The RunnerPool resource of CONTRACT.md section 4, as pydantic models.
+"""The RunnerPool resource (docs/reference.md), as pydantic models.
 
 The same models validate Kubernetes custom resources (operator) and pool files
 (standalone), so both front doors accept and reject the same documents. Python
@@ -505,7 +505,7 @@ def format_validation_error(exc: ValidationError, root: str = "") -> str:
 
 
 def immutable_changes(old: RunnerPool, new: RunnerPool) -> list[str]:
-    """The immutable fields (CONTRACT.md section 4) that differ between two versions."""
+    """The immutable fields that differ between two versions (namespace, job prefix)."""
     changed: list[str] = []
     if old.spec.nomad.namespace != new.spec.nomad.namespace:
         changed.append("spec.nomad.namespace")

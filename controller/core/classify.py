@@ -1,8 +1,8 @@
-"""Classify: one state per runner *job*, from what Nomad holds now (DESIGN.md step 2).
+"""Classify: one state per runner *job*, from what Nomad holds now.
 
 Never per allocation and never from event order: an instant reschedule leaves a new
 pending allocation and an old desired-stop one on the same job, and that is one
-starting runner (the seed bug of shared/reference/seed-poseidon-...).
+starting runner (the Poseidon bug poolkeeper was started for, docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Plan: what to create and destroy so the pool reaches its desired idle count (DESIGN.md step 3).
+"""Plan: what to create and destroy so the pool reaches its desired idle count.
 
 Pure: it takes the classified runners and `now`, and returns actions. Every destroy
-names the claim variable the I/O side must hold first (CONTRACT.md §5).
+names the claim variable the I/O side must hold first (controller/claims/__init__.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`poolkeeper chaos`: the chaos soak (issue 6, docs/reliability.md).
+"""`poolkeeper chaos`: the chaos soak (docs/reliability.md).
 
 Several pools on the simulator (in-process), a controller as a subprocess (`python -m
 controller run`) that is SIGKILLed and restarted at random moments, concurrent clients
@@ -26,7 +26,7 @@ What is checked (exactly):
   the client holds is a claim lost without a reason (`claims_lost`);
 * total runners (non-dead jobs) of a pool never exceed `maxRunners`; an excess of at most
   the engine's per-pass surge is tolerated for `RESTART_GRACE_SECONDS` after a controller
-  start (issue 3), and any excess is reported;
+  start, and any excess is reported;
 * after each fault window every pool converges (exactly `idleRunners` idle, nothing
   starting, no tombstoned job left, no live claim without its live allocation) within
   `convergence_bound` seconds, and stays there while no fault and no claim happens;
@@ -1028,7 +1028,7 @@ class Chaos:
                 leaked_runners += max(0, extra)
                 if extra > 0 or state["idle"] != pool.idle:
                     leaks.append(f"pool {pool.key}: {state}")
-            # A request record lives as long as its claim or its tombstone (CONTRACT.md 5).
+            # A request record lives as long as its claim or its tombstone.
             carried = {items.get("requestId") for items in claims.values()}
             records = [
                 f"request record {path} without a claim: {dict(var.get('Items') or {})}"

@@ -195,25 +195,15 @@ class NomadClient:
 
     # -- public API ------------------------------------------------------------------
 
-    async def list_jobs(self, namespace: str, prefix: str = "") -> list[dict[str, Any]]:
-        """Job stubs with Meta (`meta=true`) whose ID starts with `prefix`; consistent read."""
-        params = {"namespace": namespace, "meta": "true", "prefix": prefix or None}
+    async def list_jobs(self, namespace: str) -> list[dict[str, Any]]:
+        """The namespace's job stubs with Meta (`meta=true`); consistent read."""
+        params = {"namespace": namespace, "meta": "true"}
         return await self._list("/v1/jobs", "/v1/jobs", params)
 
-    async def list_allocations(
-        self, namespace: str, prefix: str = "", *, job_prefix: str = ""
-    ) -> list[dict[str, Any]]:
-        """Allocation stubs with task states; consistent read.
-
-        `prefix` is Nomad's `prefix` parameter, which matches allocation IDs. To select
-        the allocations of a pool's jobs, pass `job_prefix` (filtered here on JobID, so it
-        works against any server without go-bexpr filters).
-        """
-        params = {"namespace": namespace, "task_states": "true", "prefix": prefix or None}
-        allocs = await self._list("/v1/allocations", "/v1/allocations", params)
-        if job_prefix:
-            allocs = [a for a in allocs if str(a.get("JobID", "")).startswith(job_prefix)]
-        return allocs
+    async def list_allocations(self, namespace: str) -> list[dict[str, Any]]:
+        """The namespace's allocation stubs with task states; consistent read."""
+        params = {"namespace": namespace, "task_states": "true"}
+        return await self._list("/v1/allocations", "/v1/allocations", params)
 
     async def register_job(
         self, job: dict[str, Any], *, enforce_index: int | None = None

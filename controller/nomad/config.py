@@ -1,4 +1,4 @@
-"""How to reach Nomad, read from the Nomad CLI environment variables (CONTRACT.md section 2)."""
+"""How to reach Nomad, read from the Nomad CLI's environment variables."""
 
 from __future__ import annotations
 
@@ -119,25 +119,10 @@ class NomadConfig:
     def secure(self) -> bool:
         return self.scheme == "https"
 
-    @property
-    def verify(self) -> bool | str:
-        """The `verify` argument for requests: on unless skip_verify, with the CA when given."""
-        if self.skip_verify:
-            return False
-        return self.ca_cert if self.ca_cert else True
-
-    @property
-    def cert(self) -> str | tuple[str, str] | None:
-        """The `cert` argument for requests (client certificate for mutual TLS)."""
-        if self.client_cert and self.client_key:
-            return (self.client_cert, self.client_key)
-        return self.client_cert
-
     def ssl_context(self) -> ssl.SSLContext | None:
-        """The TLS context for non-requests transports (the event stream); None for http.
-
-        Trusts what requests trusts (certifi, or NOMAD_CACERT) so both transports agree.
-        """
+        """The TLS context of every connection to Nomad (API calls and the event stream);
+        None for http. Trusts NOMAD_CACERT (a file or a folder), else certifi's roots, as
+        the Nomad CLI trusts the system's."""
         if not self.secure:
             return None
         if self.skip_verify:

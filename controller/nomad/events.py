@@ -1,6 +1,6 @@
 """Nomad's event stream turned into "look at this job again" hints.
 
-Events are hints only (DESIGN.md): a duplicate costs one extra reconcile and a lost
+Events are hints only (docs/architecture.md): a duplicate costs one extra reconcile and a lost
 event is covered by the periodic resync. So the watcher is built to never stop: any
 failure (refused connection, 403, a stream that ends, a chunked-encoding error, a bad
 line) is logged once per kind, reported through `on_state(False)`, and followed by a

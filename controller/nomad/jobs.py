@@ -1,4 +1,4 @@
-"""RunnerPool spec -> Nomad job JSON, the template hash, and runner IDs (CONTRACT.md 4, 5).
+"""RunnerPool spec -> Nomad job JSON and the template hash.
 
 ``render_job`` gives the pool's job without identity (no ID, Name, Namespace or
 poolkeeper Meta); ``template_hash`` hashes exactly that, so every runner of one spec
@@ -113,7 +113,7 @@ def _merge_indexed(base: list[Any], overlay: list[Any]) -> list[Any]:
 def merge_objects(
     base: dict[str, Any], overlay: Mapping[str, Any], *, in_map: bool = False
 ) -> dict[str, Any]:
-    """``overlay`` deep-merged over ``base`` by the jobTemplate rules (CONTRACT.md 4).
+    """``overlay`` deep-merged over ``base`` by the jobTemplate rules (docs/reference.md).
 
     Objects merge key by key; ``TaskGroups`` and ``Tasks`` merge index by index; other
     lists and scalars replace. Outside map fields (Meta, Env, Config) keys match ignoring

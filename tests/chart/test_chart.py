@@ -521,7 +521,7 @@ def test_network_policy() -> None:
     assert {(53, "UDP"), (53, "TCP"), (443, "TCP"), (6443, "TCP"), (4646, "TCP")} == egress_ports
 
 
-CONTRACT_METRICS: Final = {
+PROMISED_METRICS: Final = {
     "poolkeeper_runners",
     "poolkeeper_desired_idle_runners",
     "poolkeeper_reconcile_duration_seconds",
@@ -546,7 +546,7 @@ def test_grafana_dashboard_uses_the_contract_metrics() -> None:
         for e in expressions
         for name in re.findall(r"poolkeeper_\w+", e)
     }
-    assert used == CONTRACT_METRICS
+    assert used == PROMISED_METRICS
     panel_ids = [panel["id"] for panel in dashboard["panels"]]
     assert len(panel_ids) == len(set(panel_ids))
 

@@ -13,7 +13,7 @@ from controller.api.openapi import document
 
 from .conftest import TOKEN, Harness, pool_doc, write_pools
 
-CONTRACT_METRICS = [
+PROMISED_METRICS = [
     'poolkeeper_runners{pool="default/py",state="idle"} 2.0',
     'poolkeeper_runners{pool="default/py",state="claimed"} 1.0',
     'poolkeeper_desired_idle_runners{pool="default/py"} 2.0',
@@ -39,7 +39,7 @@ async def test_metrics_carry_the_contract_series(harness: Harness, tmp_path):
     status, text = await harness.api(controller, "GET", "/metrics", token=None)
     assert status == 200
     # Two claims, one released: two replacements on top of the initial two runners.
-    for series in CONTRACT_METRICS:
+    for series in PROMISED_METRICS:
         assert series in text, series
     assert claim["runnerId"] in [r.id for r in controller.engine.pools["default/py"].runners]
 

@@ -1,4 +1,4 @@
-"""The fault matrix: one test per fault class of the simulator (issue 6, issue 3).
+"""The fault matrix: one test per fault class of the simulator.
 
 Each test fills a pool, injects one fault, and asserts that within a generous liveness
 bound (a few resync periods) the pool holds exactly `idleRunners` idle runners, that

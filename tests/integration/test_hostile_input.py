@@ -1,4 +1,4 @@
-"""Hostile input against the HTTP API (issue 6): fuzzing from the OpenAPI document,
+"""Hostile input against the HTTP API: fuzzing from the OpenAPI document,
 oversized and malformed payloads, slow-loris clients and auth on every `/v1` route.
 
 Whatever a client sends: never a 5xx other than the documented 503s, never a traceback

@@ -273,11 +273,11 @@ async def test_read_is_retried_after_no_cluster_leader(serve, make_client):
     calls: list[tuple[str, str]] = []
     client = make_client(fake.url, on_request=lambda e, c: calls.append((e, c)))
 
-    assert await client.list_jobs("default", prefix="py-") == jobs
+    assert await client.list_jobs("default") == jobs
 
     assert calls == [("/v1/jobs", "500"), ("/v1/jobs", "500"), ("/v1/jobs", "200")]
     # meta=true so Meta comes in the list; never a stale read.
-    assert fake.seen[-1].query == {"namespace": ["default"], "meta": ["true"], "prefix": ["py-"]}
+    assert fake.seen[-1].query == {"namespace": ["default"], "meta": ["true"]}
 
 
 async def test_read_gives_up_after_bounded_attempts(serve, make_client):
@@ -400,8 +400,6 @@ async def test_lists_follow_next_token(serve, make_client):
 
     everything = await client.list_allocations("default")
     assert [a["ID"] for a in everything] == ["a1", "a2", "a3"]
-    mine = await client.list_allocations("default", job_prefix="py-")
-    assert [a["ID"] for a in mine] == ["a1", "a3"]
     assert [v["Path"] for v in await client.list_variables("poolkeeper/", "default")] == [
         "poolkeeper/claims/a",
         "poolkeeper/claims/b",
@@ -624,13 +622,13 @@ async def test_simulator_job_lifecycle(sim_client: NomadClient):
     with pytest.raises(NomadConflict):
         await sim_client.register_job(batch_job(job_id), enforce_index=0)
 
-    jobs = await sim_client.list_jobs("default", prefix="py-")
+    jobs = await sim_client.list_jobs("default")
     assert [(j["ID"], j["Meta"]) for j in jobs] == [(job_id, {"poolkeeper_pool": "default/py"})]
-    assert await sim_client.list_jobs("default", prefix="other-") == []
+    assert await sim_client.list_jobs("other") == []
 
     async def allocated() -> list[dict[str, Any]]:
         for _ in range(200):
-            allocs = await sim_client.list_allocations("default", job_prefix="py-")
+            allocs = await sim_client.list_allocations("default")
             if allocs:
                 return allocs
             await asyncio.sleep(0.01)
@@ -640,7 +638,7 @@ async def test_simulator_job_lifecycle(sim_client: NomadClient):
     assert alloc["JobID"] == job_id
     await sim_client.purge_job(job_id, "default")
     await sim_client.purge_job(job_id, "default")  # already gone: still fine
-    assert await sim_client.list_jobs("default", prefix="py-") == []
+    assert await sim_client.list_jobs("default") == []
     assert isinstance(await sim_client.leader(), str)
 
 

@@ -15,7 +15,7 @@ For a canonical document (no unknown field, no ``null``, no whole float) the CRD
 ``RunnerPool.parse_document`` must agree, and on acceptance parse to the same pool (the
 defaults agree). For any document, what the operator is served (the normalised object) must
 be accepted by the model exactly when the CRD accepted the document. The deliberate
-differences of CONTRACT.md section 4 (pruning, an opaque ``jobTemplate``) are asserted too.
+differences (pruning, an opaque ``jobTemplate``) are asserted too.
 """
 
 from __future__ import annotations
@@ -511,7 +511,7 @@ def test_defaults_are_the_models() -> None:
     assert served["spec"] == from_model
 
 
-# --- the deliberate differences of CONTRACT.md section 4 --------------------------------
+# --- the deliberate differences --------------------------------------------------------
 
 
 @pytest.mark.parametrize(

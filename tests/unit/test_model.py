@@ -1,4 +1,4 @@
-"""RunnerPool validation, defaults, prefixes and error paths (CONTRACT.md section 4)."""
+"""RunnerPool validation, defaults, prefixes and error paths."""
 
 from __future__ import annotations
 

@@ -22,11 +22,11 @@ TOKEN = "s3cr3t-token-0123456789"
             {"NOMAD_TOKEN": TOKEN, "NOMAD_NAMESPACE": "runners", "NOMAD_REGION": "eu"},
             {"token": TOKEN, "namespace": "runners", "region": "eu"},
         ),
-        ({}, {"skip_verify": False, "verify": True}),
+        ({}, {"skip_verify": False}),
     ]
-    + [({"NOMAD_SKIP_VERIFY": v}, {"skip_verify": True, "verify": False}) for v in
+    + [({"NOMAD_SKIP_VERIFY": v}, {"skip_verify": True}) for v in
        ("1", "t", "T", "TRUE", "true", "True")]
-    + [({"NOMAD_SKIP_VERIFY": v}, {"skip_verify": False, "verify": True}) for v in
+    + [({"NOMAD_SKIP_VERIFY": v}, {"skip_verify": False}) for v in
        ("0", "f", "F", "FALSE", "false", "False", "")],
 )  # fmt: skip
 def test_from_env(env, expected):
@@ -75,11 +75,10 @@ def test_tls_files(tmp_path):
         f.write_text("x")
     env = {"NOMAD_CACERT": str(ca), "NOMAD_CLIENT_CERT": str(cert), "NOMAD_CLIENT_KEY": str(key)}
     config = NomadConfig.from_env(env)
-    assert config.verify == str(ca)
-    assert config.cert == (str(cert), str(key))
+    assert (config.ca_cert, config.client_cert, config.client_key) == (str(ca), str(cert), str(key))
     # NOMAD_SKIP_VERIFY=false keeps verifying against the given CA.
-    assert NomadConfig.from_env({**env, "NOMAD_SKIP_VERIFY": "false"}).verify == str(ca)
-    assert NomadConfig.from_env({**env, "NOMAD_SKIP_VERIFY": "true"}).verify is False
+    assert not NomadConfig.from_env({**env, "NOMAD_SKIP_VERIFY": "false"}).skip_verify
+    assert NomadConfig.from_env({**env, "NOMAD_SKIP_VERIFY": "true"}).skip_verify
 
 
 def test_token_not_in_repr_or_str():

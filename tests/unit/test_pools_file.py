@@ -1,4 +1,4 @@
-"""Pool files (loading, error reports) and the reload rules of CONTRACT.md section 3."""
+"""Pool files (loading, error reports) and the reload rules."""
 
 from __future__ import annotations
 
