@@ -112,9 +112,50 @@ async def test_second_pool_with_the_same_prefix_is_refused(harness: Harness, tmp
     ready = next(c for c in second.status.to_dict()["conditions"] if c["type"] == "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "PrefixConflict")
     assert {j["Meta"][META_POOL] for j in await harness.jobs(controller)} == {"default/first"}
-    # Readiness does not wait for a conflicting pool.
+    # Readiness does not wait for a conflicting pool, and the pool hands out nothing:
+    # the runners under its prefix are the first pool's.
     status, _ = await harness.api(controller, "GET", "/readyz", token=None)
     assert status == 200
+    status, body = await harness.api(controller, "POST", "/v1/pools/default/second/claims", {})
+    assert (status, body["error"]["code"]) == (409, "PrefixConflict")
+
+
+@pytest.mark.parametrize(
+    ("update", "reason"),
+    [
+        ({"runner": {"image": ""}}, "InvalidSpec"),
+        ({"nomad": {"jobPrefix": "moved-"}}, "ImmutableFieldChanged"),
+    ],
+)
+async def test_a_refused_update_keeps_the_last_valid_version_running(
+    harness: Harness, tmp_path, update, reason
+):
+    pools = write_pools(tmp_path / "pools.yaml", pool_doc("py", idle=2))
+    controller = await harness.start(pools)
+    await harness.settled(controller)
+    write_pools(pools, pool_doc("py", idle=3, **update))
+    controller.load_pools()
+
+    async def refused() -> bool:
+        await controller.engine.reconcile_namespace("default")
+        _, listing = await harness.api(controller, "GET", "/v1/pools")
+        conditions = {c["type"]: c for c in listing["pools"][0]["status"]["conditions"]}
+        accepted = conditions["SpecAccepted"]
+        return bool(accepted["status"] == "False" and accepted["reason"] == reason)
+
+    await wait_until(refused, what=f"SpecAccepted=False {reason}")
+    # Still reconciled with the old spec (2 idle, not 3) and claimable: a claim is
+    # answered and its runner replaced.
+    status, claim = await harness.api(controller, "POST", "/v1/pools/default/py/claims", {})
+    assert status == 201, claim
+    await harness.settled(controller)
+    assert controller.engine.pools["default/py"].policy.desired_idle == 2
+    # A valid version is taken again.
+    write_pools(pools, pool_doc("py", idle=3))
+    controller.load_pools()
+    await harness.settled(controller)
+    view = controller.engine.pools["default/py"]
+    assert view.refusal is None and view.policy.desired_idle == 3
 
 
 @pytest.mark.parametrize(("policy", "left"), [("Delete", 0), ("Orphan", 2), ("Drain", 0)])
