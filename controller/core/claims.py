@@ -186,32 +186,6 @@ class ClaimRecord:
             node_name=node_name,
         )
 
-    @classmethod
-    def retired(
-        cls,
-        *,
-        runner_id: str,
-        namespace: str,
-        pool: str,
-        allocation_id: str,
-        now: datetime,
-        state: ClaimState = ClaimState.RETIRED,
-    ) -> ClaimRecord:
-        """The tombstone that takes an unclaimed runner before it is destroyed, written with
-        cas=0 so that a client's concurrent claim wins instead. A runner retired before it
-        was ever placed names no allocation."""
-        return dataclasses.replace(
-            cls.new(
-                runner_id=runner_id,
-                namespace=namespace,
-                pool=pool,
-                allocation_id=allocation_id,
-                now=now,
-                inactivity_timeout_seconds=0,
-            ),
-            state=state,
-        )
-
     @property
     def path(self) -> str:
         return claim_path(self.runner_id)

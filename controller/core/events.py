@@ -1,92 +1,78 @@
 """Things that happen to a pool and that people want to hear of: the engine emits them
 through one sink; standalone turns them into log lines, the operator into Kubernetes
-Events. Plain data."""
+Events too. Plain data."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
+
+
+class EventKind(Enum):
+    """Each kind with its Kubernetes Event reason and whether it is a warning."""
+
+    reason: str
+    warning: bool
+
+    def __new__(cls, reason: str, warning: bool) -> EventKind:
+        member = object.__new__(cls)
+        member._value_ = reason
+        member.reason = reason
+        member.warning = warning
+        return member
+
+    # A runner that never became usable was destroyed; the pool creates another.
+    RUNNER_REPLACED = ("RunnerReplaced", True)
+    # A claimed runner lost its allocation (replaced, gone or restarted): its user's state
+    # is gone, so the runner is destroyed and its claim answers 410 AllocationLost.
+    ALLOCATION_LOST = ("AllocationLost", True)
+    BREAKER_OPENED = ("CircuitBreakerOpen", True)
+    BREAKER_CLOSED = ("CircuitBreakerClosed", False)
+    PREFIX_CONFLICT = ("PrefixConflict", True)
 
 
 @dataclass(frozen=True, slots=True)
-class RunnerReplaced:
-    """A runner that never became usable was destroyed; the pool creates another."""
-
+class PoolEvent:
+    kind: EventKind
     pool: str
-    runner_id: str
-    why: str  # "did not start within startupTimeoutSeconds", "failed to start"
-
-    warning = True
-    reason = "RunnerReplaced"
+    message: str
 
     @property
-    def message(self) -> str:
-        return f"runner {self.runner_id} {self.why}; replaced"
-
-
-@dataclass(frozen=True, slots=True)
-class AllocationLost:
-    """A claimed runner lost its allocation (replaced, gone or restarted): its user's state
-    is gone, so the runner is destroyed and its claim answers 410 AllocationLost."""
-
-    pool: str
-    runner_id: str
-    detail: str
-
-    warning = True
-    reason = "AllocationLost"
+    def reason(self) -> str:
+        return self.kind.reason
 
     @property
-    def message(self) -> str:
-        return f"claimed runner {self.runner_id} lost its allocation: {self.detail}"
+    def warning(self) -> bool:
+        return self.kind.warning
 
 
-@dataclass(frozen=True, slots=True)
-class BreakerOpened:
-    pool: str
-    failures: int
-    pause_seconds: float
-
-    warning = True
-    reason = "CircuitBreakerOpen"
-
-    @property
-    def message(self) -> str:
-        return (
-            f"runner creation paused for {self.pause_seconds:g} s after "
-            f"{self.failures} failed starts in a row"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class BreakerClosed:
-    pool: str
-
-    warning = False
-    reason = "CircuitBreakerClosed"
-
-    @property
-    def message(self) -> str:
-        return "runners start again; creation resumed"
-
-
-@dataclass(frozen=True, slots=True)
-class PrefixConflictFound:
-    pool: str
-    owner: str
-    job_prefix: str
-    nomad_namespace: str
-
-    warning = True
-    reason = "PrefixConflict"
-
-    @property
-    def message(self) -> str:
-        return (
-            f"job prefix {self.job_prefix!r} in Nomad namespace {self.nomad_namespace!r} "
-            f"is already used by pool {self.owner}; this pool is not reconciled"
-        )
-
-
-PoolEvent = RunnerReplaced | AllocationLost | BreakerOpened | BreakerClosed | PrefixConflictFound
 EventSink = Callable[[PoolEvent], None]
+
+
+def runner_replaced(pool: str, runner_id: str, why: str) -> PoolEvent:
+    return PoolEvent(EventKind.RUNNER_REPLACED, pool, f"runner {runner_id} {why}; replaced")
+
+
+def allocation_lost(pool: str, runner_id: str, detail: str) -> PoolEvent:
+    message = f"claimed runner {runner_id} lost its allocation: {detail}"
+    return PoolEvent(EventKind.ALLOCATION_LOST, pool, message)
+
+
+def breaker_opened(pool: str, failures: int, pause_seconds: float) -> PoolEvent:
+    message = (
+        f"runner creation paused for {pause_seconds:g} s after {failures} failed starts in a row"
+    )
+    return PoolEvent(EventKind.BREAKER_OPENED, pool, message)
+
+
+def breaker_closed(pool: str) -> PoolEvent:
+    return PoolEvent(EventKind.BREAKER_CLOSED, pool, "runners start again; creation resumed")
+
+
+def prefix_conflict(pool: str, owner: str, job_prefix: str, nomad_namespace: str) -> PoolEvent:
+    message = (
+        f"job prefix {job_prefix!r} in Nomad namespace {nomad_namespace!r} is already used "
+        f"by pool {owner}; this pool is not reconciled"
+    )
+    return PoolEvent(EventKind.PREFIX_CONFLICT, pool, message)

@@ -131,6 +131,12 @@ class PoolPolicy:
     def name(self) -> str:
         return self.key.rpartition("/")[2]
 
+    @classmethod
+    def without_spec(cls, key: str, nomad_namespace: str = "", job_prefix: str = "") -> PoolPolicy:
+        """The policy of a pool known without a valid spec (a drain resumed from Nomad, a
+        pruned orphan, an object that was never valid): it wants no runner."""
+        return cls(key, nomad_namespace, job_prefix, 0, 0, 1, "")
+
     def removed(self, mode: PoolMode, deadline: datetime) -> PoolPolicy:
         """This pool's policy once it is being drained or deleted."""
         return dataclasses.replace(self, mode=mode, drain_deadline=deadline)

@@ -13,12 +13,12 @@ import asyncio
 import logging
 import random
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from controller.claims.store import ClaimStore
 from controller.core.claims import ClaimRecord, ClaimState
-from controller.core.events import AllocationLost, EventSink, RunnerReplaced
+from controller.core.events import EventSink, allocation_lost, runner_replaced
 from controller.core.plan import Destroy, DestroyReason, Plan
 from controller.core.runner_ids import new_runner_id
 from controller.core.views import Runner
@@ -46,22 +46,16 @@ class Applied:
     errors: int = 0
 
 
+@dataclass
 class Applier:
-    def __init__(
-        self,
-        port: JobWriter,
-        store: ClaimStore,
-        metrics: Metrics,
-        events: EventSink,
-        *,
-        rng: random.Random | None = None,
-    ) -> None:
-        self._port = port
-        self._store = store
-        self._metrics = metrics
-        self._events = events
-        self._rng = rng
-        self._slots = asyncio.Semaphore(APPLY_CONCURRENCY)
+    port: JobWriter
+    store: ClaimStore
+    metrics: Metrics
+    events: EventSink
+    rng: random.Random | None = None  # runner IDs; seeded for reproducible tests
+    _slots: asyncio.Semaphore = field(
+        default_factory=lambda: asyncio.Semaphore(APPLY_CONCURRENCY), init=False
+    )
 
     async def apply(
         self, managed: ManagedPool, todo: Plan, runners: Sequence[Runner], now: datetime
@@ -90,7 +84,7 @@ class Applier:
 
     async def _create(self, managed: ManagedPool) -> bool:
         policy = managed.policy
-        runner_id = new_runner_id(policy.job_prefix, self._rng)
+        runner_id = new_runner_id(policy.job_prefix, self.rng)
         job = runner_job(
             managed.rendered_job,
             runner_id,
@@ -100,8 +94,8 @@ class Applier:
         )
         async with self._slots:
             # enforce_index=0: a retried or duplicated registration can never overwrite a job.
-            await self._port.register_job(job, enforce_index=0)
-        self._metrics.runners_created.labels(pool=policy.key).inc()
+            await self.port.register_job(job, enforce_index=0)
+        self.metrics.runners_created.labels(pool=policy.key).inc()
         return True
 
     async def _destroy(
@@ -111,38 +105,40 @@ class Applier:
         async with self._slots:
             if destroy.claim is None:
                 allocation = runner.allocation.id if runner and runner.allocation else ""
-                tombstone = ClaimRecord.retired(
+                # Created with cas=0, so a client's concurrent claim wins; a runner retired
+                # before it was ever placed names no allocation.
+                tombstone = ClaimRecord.new(
                     runner_id=destroy.runner_id,
                     namespace=policy.nomad_namespace,
                     pool=policy.key,
                     allocation_id=allocation,
                     now=now,
-                    state=destroy.tombstone_state,
-                )
-                if await self._store.create(tombstone) is None:
+                    inactivity_timeout_seconds=0,
+                ).with_state(destroy.tombstone_state)
+                if await self.store.create(tombstone) is None:
                     return False  # a client claimed it first: it stays claimed
             elif not destroy.claim.is_tombstone:
                 ended = destroy.claim.with_state(destroy.tombstone_state)
-                if await self._store.update(ended, cas=destroy.claim.modify_index) is None:
+                if await self.store.update(ended, cas=destroy.claim.modify_index) is None:
                     return False  # a keepalive or release won; the next pass decides again
                 if destroy.reason is DestroyReason.LOST and runner is not None:
-                    self._events(AllocationLost(policy.key, destroy.runner_id, runner.reason))
-            await self._port.purge_job(destroy.runner_id, policy.nomad_namespace)
-        self._metrics.runners_destroyed.labels(pool=policy.key, reason=destroy.reason.value).inc()
+                    self.events(allocation_lost(policy.key, destroy.runner_id, runner.reason))
+            await self.port.purge_job(destroy.runner_id, policy.nomad_namespace)
+        self.metrics.runners_destroyed.labels(pool=policy.key, reason=destroy.reason.value).inc()
         why = _REPLACED_BECAUSE.get(destroy.reason)
         if why is not None:
-            self._events(RunnerReplaced(policy.key, destroy.runner_id, why))
+            self.events(runner_replaced(policy.key, destroy.runner_id, why))
         return True
 
     async def _mark_lost(self, managed: ManagedPool, claim: ClaimRecord) -> bool:
         async with self._slots:
-            lost = await self._store.update(
+            lost = await self.store.update(
                 claim.with_state(ClaimState.LOST), cas=claim.modify_index
             )
         if lost is not None:
-            self._events(AllocationLost(managed.key, claim.runner_id, "its job vanished"))
+            self.events(allocation_lost(managed.key, claim.runner_id, "its job vanished"))
         return lost is not None
 
     async def _forget(self, claim: ClaimRecord) -> bool:
         async with self._slots:
-            return await self._store.delete(claim)
+            return await self.store.delete(claim)

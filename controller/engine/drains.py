@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from controller.core.runner_ids import runner_prefix
@@ -32,26 +33,17 @@ def drain_path(key: str) -> str:
     return DRAINS_PREFIX + key.replace(".", "~")
 
 
+@dataclass
 class Drains:
-    def __init__(
-        self,
-        port: Variables,
-        registry: PoolRegistry,
-        *,
-        clock: Callable[[], datetime],
-        home_namespace: str,
-        prune: bool,
-        on_new_pool: Callable[[str], None],
-    ) -> None:
-        self._port = port
-        self._registry = registry
-        self._clock = clock
-        self._home = home_namespace
-        self._prune = prune
-        self._on_new_pool = on_new_pool  # a namespace got a pool to reconcile
-        self._records: dict[str, int] = {}  # pool key -> ModifyIndex of its record
-        self._cancelled: set[str] = set()  # keys whose recorded drain must be dropped
-        self._reported_orphans: set[str] = set()
+    port: Variables
+    registry: PoolRegistry
+    clock: Callable[[], datetime]
+    home_namespace: str  # where drain records are kept
+    prune: bool
+    on_new_pool: Callable[[str], None]  # a namespace got a pool to reconcile
+    _records: dict[str, int] = field(default_factory=dict, init=False)  # key -> ModifyIndex
+    _cancelled: set[str] = field(default_factory=set, init=False)  # records to drop
+    _reported_orphans: set[str] = field(default_factory=set, init=False)
 
     def cancel(self, key: str) -> None:
         """An Orphan removal after a drain began (the escape from a stuck drain): a
@@ -65,8 +57,8 @@ class Drains:
 
     async def resume(self) -> None:
         """Take up the drains a previous process recorded in Nomad and did not finish."""
-        for meta in await self._port.list_variables(DRAINS_PREFIX, self._home):
-            variable = await self._port.read_variable(meta["Path"], self._home)
+        for meta in await self.port.list_variables(DRAINS_PREFIX, self.home_namespace):
+            variable = await self.port.read_variable(meta["Path"], self.home_namespace)
             if variable is None:
                 continue
             items = variable.get("Items", {})
@@ -78,10 +70,10 @@ class Drains:
                 log.warning("ignoring malformed drain record %s: %s", meta["Path"], error)
                 continue
             self._records[key] = int(variable.get("ModifyIndex", 0))
-            if key not in self._registry:
+            if key not in self.registry:
                 log.info("resuming the %s of pool %s", mode.value, key)
-                self._registry.add_draining(key, namespace, prefix, mode, deadline)
-                self._on_new_pool(namespace)
+                self.registry.add_draining(key, namespace, prefix, mode, deadline)
+                self.on_new_pool(namespace)
 
     async def sync(self, pools: Iterable[ManagedPool]) -> None:
         """Record the removals that began, and drop the records of pools defined again
@@ -94,18 +86,18 @@ class Drains:
                     "namespace": policy.nomad_namespace,
                     "jobPrefix": policy.job_prefix,
                     "mode": policy.mode.value,
-                    "deadline": format_time(policy.drain_deadline or self._clock()),
+                    "deadline": format_time(policy.drain_deadline or self.clock()),
                 }
                 try:
-                    stored = await self._port.put_variable(
-                        drain_path(key), items, self._home, cas=0
+                    stored = await self.port.put_variable(
+                        drain_path(key), items, self.home_namespace, cas=0
                     )
                 except NomadConflict as conflict:
                     stored = conflict.current or {}
                 self._records[key] = int(stored.get("ModifyIndex", 0))
             elif policy.mode is PoolMode.ACTIVE and key in self._records:
                 await self._drop(key)
-        for key in [k for k in self._cancelled if k not in self._registry]:
+        for key in [k for k in self._cancelled if k not in self.registry]:
             await self._drop(key)
         self._cancelled.clear()
 
@@ -119,7 +111,7 @@ class Drains:
                 continue
             if not managed.runners and not managed.observation.claims:
                 log.info("pool %s drained; forgetting it", managed.key)
-                self._registry.remove(managed.key)
+                self.registry.remove(managed.key)
                 await self._drop(managed.key)
                 finished.append(managed.key)
         return finished
@@ -128,14 +120,14 @@ class Drains:
         """Report runner jobs of pools defined nowhere; with --prune, drain them."""
         for job in orphans:
             key = job.pool
-            if key in self._registry or key in self._registry.protected:
+            if key in self.registry or key in self.registry.protected:
                 continue
             prefix = runner_prefix(job.id)
-            if self._prune and prefix is not None:
+            if self.prune and prefix is not None:
                 log.warning("pruning orphaned runners of pool %s (--prune)", key)
-                deadline = self._clock() + timedelta(seconds=DEFAULT_DRAIN_SECONDS)
-                self._registry.add_draining(key, namespace, prefix, PoolMode.DRAIN, deadline)
-                self._on_new_pool(namespace)
+                deadline = self.clock() + timedelta(seconds=DEFAULT_DRAIN_SECONDS)
+                self.registry.add_draining(key, namespace, prefix, PoolMode.DRAIN, deadline)
+                self.on_new_pool(namespace)
             elif key not in self._reported_orphans:
                 self._reported_orphans.add(key)
                 log.warning(
@@ -149,4 +141,4 @@ class Drains:
         index = self._records.pop(key, None)
         if index is not None:
             with contextlib.suppress(NomadConflict):
-                await self._port.delete_variable(drain_path(key), self._home, cas=index)
+                await self.port.delete_variable(drain_path(key), self.home_namespace, cas=index)

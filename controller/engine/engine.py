@@ -95,12 +95,12 @@ class Engine:
             self.store,
             self._registry,
             self._drains,
-            Applier(port, self.store, metrics, on_event, rng=rng),
+            Applier(port, self.store, metrics, on_event, rng),
             self._publisher,
             metrics,
             on_event,
-            clock=clock,
-            reconcile=reconcile,
+            clock,
+            reconcile,
         )
         self._scheduler = Scheduler(self._run_scheduled, resync_seconds=resync_seconds, clock=clock)
 

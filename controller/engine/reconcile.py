@@ -13,13 +13,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from controller.claims.store import ClaimStore
 from controller.core import breaker as breakers
 from controller.core.classify import classify
-from controller.core.events import BreakerClosed, BreakerOpened, EventSink
+from controller.core.events import EventSink, breaker_closed, breaker_opened
 from controller.core.plan import DestroyReason, plan
 from controller.core.split import split_observation
 from controller.core.views import JobView, PoolObservation, PoolPolicy, Runner, RunnerState
@@ -62,36 +62,25 @@ class _Split:
     orphans: list[JobView]
 
 
+@dataclass
 class Reconciler:
-    def __init__(
-        self,
-        port: NomadPort,
-        store: ClaimStore,
-        registry: PoolRegistry,
-        drains: Drains,
-        applier: Applier,
-        publisher: Publisher,
-        metrics: Metrics,
-        events: EventSink,
-        *,
-        clock: Callable[[], datetime],
-        reconcile: bool,
-    ) -> None:
-        self._port = port
-        self._store = store
-        self._registry = registry
-        self._drains = drains
-        self._applier = applier
-        self._publisher = publisher
-        self._metrics = metrics
-        self._events = events
-        self._clock = clock
-        self.reconcile = reconcile  # False: a claims-only replica observes, never acts
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._views: dict[str, ViewCache] = {}
-        self._splits: dict[str, _Split] = {}
-        self._requests_collected: dict[str, float] = {}  # namespace -> time.monotonic()
-        self._observed: dict[str, asyncio.Event] = {}  # pool key -> set by its next pass
+    port: NomadPort
+    store: ClaimStore
+    registry: PoolRegistry
+    drains: Drains
+    applier: Applier
+    publisher: Publisher
+    metrics: Metrics
+    events: EventSink
+    clock: Callable[[], datetime]
+    reconcile: bool  # False: a claims-only replica observes, never acts
+    _locks: dict[str, asyncio.Lock] = field(default_factory=dict, init=False)
+    _views: dict[str, ViewCache] = field(default_factory=dict, init=False)
+    _splits: dict[str, _Split] = field(default_factory=dict, init=False)
+    # namespace -> time.monotonic() of the last request record collection
+    _requests_collected: dict[str, float] = field(default_factory=dict, init=False)
+    # pool key -> set by the pool's next pass
+    _observed: dict[str, asyncio.Event] = field(default_factory=dict, init=False)
 
     async def run(self, namespace: str) -> PassResult:
         """One full pass over a Nomad namespace: every pool in it, one observation. Passes
@@ -99,11 +88,11 @@ class Reconciler:
         async with self._locks.setdefault(namespace, asyncio.Lock()):
             started = time.perf_counter()
             try:
-                with self._metrics.reconcile_duration.time():
+                with self.metrics.reconcile_duration.time():
                     return await self._pass(namespace, started)
             except NomadError:
-                for managed in self._registry.reconciled(namespace):
-                    self._metrics.reconcile_total.labels(pool=managed.key, result="error").inc()
+                for managed in self.registry.reconciled(namespace):
+                    self.metrics.reconcile_total.labels(pool=managed.key, result="error").inc()
                 raise
 
     async def wait_for_observation(self, key: str, within: float) -> None:
@@ -118,27 +107,27 @@ class Reconciler:
     async def _pass(self, namespace: str, started: float) -> PassResult:
         observation_started = time.monotonic()
         observed = await observe_namespace(
-            self._port, self._store, namespace, self._views.setdefault(namespace, ViewCache())
+            self.port, self.store, namespace, self._views.setdefault(namespace, ViewCache())
         )
-        now = self._clock()
+        now = self.clock()
         upcoming = [
             c.expires_at
             for c in observed.claims.values()
             if not c.is_tombstone and c.expires_at > now
         ]
-        pools = self._registry.reconciled(namespace)
+        pools = self.registry.reconciled(namespace)
         by_pool, orphans = await self._split(namespace, [m.policy for m in pools], observed)
         if self.reconcile:
-            self._drains.take_orphans(namespace, orphans)
-            await self._drains.sync(self._registry.in_namespace(namespace))
+            self.drains.take_orphans(namespace, orphans)
+            await self.drains.sync(self.registry.in_namespace(namespace))
         outcomes = await asyncio.gather(
             *(self._pool_pass(m, by_pool[m.key], now, observation_started) for m in pools)
         )
-        for managed in self._registry.in_namespace(namespace):
+        for managed in self.registry.in_namespace(namespace):
             if managed.conflict is not None:
-                await self._publisher.publish(managed, [], now)
-        for key in await self._drains.finish(pools):
-            self._publisher.forget(key)
+                await self.publisher.publish(managed, [], now)
+        for key in await self.drains.finish(pools):
+            self.publisher.forget(key)
         if self.reconcile:
             await self._collect_requests(namespace, observed, now)
         return PassResult(
@@ -160,7 +149,7 @@ class Reconciler:
             return
         self._requests_collected[namespace] = time.monotonic()
         try:
-            await self._store.collect_abandoned_requests(namespace, observed.claims.values(), now)
+            await self.store.collect_abandoned_requests(namespace, observed.claims.values(), now)
         except NomadError as error:
             log.warning("collecting abandoned request records in %s: %s", namespace, error)
 
@@ -205,7 +194,7 @@ class Reconciler:
         managed.observation_started = observation_started
         self._observed.pop(managed.key, asyncio.Event()).set()
         if not self.reconcile:
-            await self._publisher.publish(managed, runners, now)
+            await self.publisher.publish(managed, runners, now)
             return _Outcome()
         todo = await compute(
             len(runners),
@@ -216,7 +205,7 @@ class Reconciler:
             now,
             creation_allowed=breakers.creation_allowed(managed.breaker, now),
         )
-        applied = await self._applier.apply(managed, todo, runners, now)
+        applied = await self.applier.apply(managed, todo, runners, now)
         # A registration Nomad accepted says nothing about whether the image starts: the
         # breaker counts runners that reached running as successes, and failed
         # registrations, failed starts and startup timeouts as failures.
@@ -226,10 +215,10 @@ class Reconciler:
             if d.reason in (DestroyReason.STARTUP_TIMEOUT, DestroyReason.FAILED)
         )
         self._record_breaker(managed, started, applied.create_errors + start_failures, now)
-        self._metrics.reconcile_total.labels(
+        self.metrics.reconcile_total.labels(
             pool=policy.key, result="error" if applied.errors else "success"
         ).inc()
-        await self._publisher.publish(managed, runners, now)
+        await self.publisher.publish(managed, runners, now)
         return _Outcome(applied.created, applied.destroyed, applied.errors)
 
     def _record_breaker(
@@ -240,11 +229,11 @@ class Reconciler:
         managed.breaker = after
         if breakers.degraded(after) and after.open_until != before.open_until:
             pause = after.open_until - now if after.open_until else timedelta(0)
-            self._events(
-                BreakerOpened(managed.key, after.consecutive_failures, pause.total_seconds())
+            self.events(
+                breaker_opened(managed.key, after.consecutive_failures, pause.total_seconds())
             )
         elif breakers.degraded(before) and not breakers.degraded(after):
-            self._events(BreakerClosed(managed.key))
+            self.events(breaker_closed(managed.key))
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from controller.core import breaker as breakers
-from controller.core.events import EventSink, PrefixConflictFound
+from controller.core.events import EventSink, prefix_conflict
 from controller.core.problems import PoolProblem, Problem
 from controller.core.runner_ids import is_runner_id
 from controller.core.status import PoolStatus
@@ -50,70 +50,45 @@ class ManagedPool:
     def key(self) -> str:
         return self.policy.key
 
+    @property
+    def active(self) -> bool:
+        """Defined (in the files or the cluster) and not being removed."""
+        return self.pool is not None and self.policy.mode is PoolMode.ACTIVE
 
-class PoolView:
+
+class PoolView(Protocol):
     """A read-only window on one pool: what the API, the claim service and the front
-    doors may know of it. It follows the pool (it is not a copy), at no cost per read."""
-
-    __slots__ = ("_managed",)
-
-    def __init__(self, managed: ManagedPool) -> None:
-        self._managed = managed
+    doors may know of it. The registry hands out its ManagedPools typed as this, so the
+    view follows the pool (it is not a copy) and type checking keeps it read-only."""
 
     @property
-    def key(self) -> str:
-        return self._managed.key
-
+    def key(self) -> str: ...
     @property
     def pool(self) -> RunnerPool | None:
         """The spec that runs: the last valid version, None for a pool only being drained."""
-        return self._managed.pool
 
     @property
-    def policy(self) -> PoolPolicy:
-        return self._managed.policy
-
+    def policy(self) -> PoolPolicy: ...
     @property
-    def generation(self) -> int:
-        return self._managed.generation
-
+    def generation(self) -> int: ...
     @property
     def runners(self) -> tuple[Runner, ...]:
         """The pool's runners as the last pass classified them."""
-        return self._managed.runners
 
     @property
-    def observation(self) -> PoolObservation | None:
-        return self._managed.observation
-
+    def observation(self) -> PoolObservation | None: ...
     @property
-    def observed(self) -> bool:
-        return self._managed.observed
-
+    def observed(self) -> bool: ...
     @property
-    def observation_started(self) -> float:
-        return self._managed.observation_started
-
+    def observation_started(self) -> float: ...
     @property
-    def status(self) -> PoolStatus | None:
-        return self._managed.status
-
+    def status(self) -> PoolStatus | None: ...
     @property
-    def conflict(self) -> PoolProblem | None:
-        return self._managed.conflict
-
+    def conflict(self) -> PoolProblem | None: ...
     @property
-    def refusal(self) -> PoolProblem | None:
-        return self._managed.refusal
-
+    def refusal(self) -> PoolProblem | None: ...
     @property
-    def active(self) -> bool:
-        """Defined (not being removed) and in the files or the cluster."""
-        return self._managed.pool is not None and self.policy.mode is PoolMode.ACTIVE
-
-    @property
-    def hands_out_runners(self) -> bool:
-        return self.active and self._managed.conflict is None
+    def active(self) -> bool: ...
 
 
 class PoolRegistry:
@@ -135,11 +110,7 @@ class PoolRegistry:
         return self._pools.get(key)
 
     def view(self, key: str) -> PoolView | None:
-        managed = self._pools.get(key)
-        return None if managed is None else PoolView(managed)
-
-    def views(self) -> list[PoolView]:
-        return [PoolView(m) for m in sorted(self._pools.values(), key=lambda m: m.key)]
+        return self._pools.get(key)
 
     def upsert(self, pool: RunnerPool, generation: int, refusal: PoolProblem | None) -> ManagedPool:
         """Register a new pool or give a known one its new spec (immutable fields are the
@@ -170,17 +141,7 @@ class PoolRegistry:
         self, key: str, namespace: str, job_prefix: str, mode: PoolMode, deadline: datetime
     ) -> ManagedPool:
         """Manage a pool known only by its runners: a resumed drain or a pruned orphan."""
-        policy = PoolPolicy(
-            key=key,
-            nomad_namespace=namespace,
-            job_prefix=job_prefix,
-            desired_idle=0,
-            max_runners=0,
-            startup_timeout_seconds=1,
-            template_hash="",
-            mode=mode,
-            drain_deadline=deadline,
-        )
+        policy = PoolPolicy.without_spec(key, namespace, job_prefix).removed(mode, deadline)
         managed = ManagedPool(None, policy, {}, 0, next(self._order))
         self._pools[key] = managed
         self._resolve_conflicts()
@@ -222,7 +183,7 @@ class PoolRegistry:
             if owner is managed:
                 managed.conflict = None
                 continue
-            found = PrefixConflictFound(managed.key, owner.key, slot[1], slot[0])
+            found = prefix_conflict(managed.key, owner.key, slot[1], slot[0])
             if managed.conflict is None:
                 self._events(found)
             managed.conflict = PoolProblem(Problem.PREFIX_CONFLICT, found.message)

@@ -403,17 +403,8 @@ def _deletion_time(meta: Mapping[str, Any]) -> datetime:
 
 def _status_without_pool(known: Registration, generation: int, refusal: PoolProblem) -> PoolStatus:
     """The status of a pool that was never valid: nothing observed, Ready False."""
-    policy = PoolPolicy(
-        key=known.ref.key,
-        nomad_namespace="",
-        job_prefix="",
-        desired_idle=0,
-        max_runners=0,
-        startup_timeout_seconds=1,
-        template_hash="",
-    )
     return compute_status(
-        policy,
+        PoolPolicy.without_spec(known.ref.key),
         [],
         now=utcnow().replace(microsecond=0),
         previous=known.engine_status,

@@ -242,7 +242,7 @@ class World:
     def __post_init__(self) -> None:
         port = self.nomad
         self.applier = Applier(
-            port, ClaimStore(port), Metrics(), lambda event: None, rng=random.Random(0)
+            port, ClaimStore(port), Metrics(), lambda event: None, random.Random(0)
         )
 
     def runners(self) -> list[Runner]:
