@@ -26,7 +26,16 @@ from controller.lab.simulator.jobspec import (
     group_resources,
     spec_of,
 )
-from controller.lab.simulator.util import JSON, ApiError, bad_request, not_found, omit_empty
+from controller.lab.simulator.util import (
+    JSON,
+    ApiError,
+    bad_request,
+    iso_after,
+    iso_now,
+    not_found,
+    now_ns,
+    omit_empty,
+)
 
 TERMINAL = frozenset({"complete", "failed", "lost"})
 ALWAYS = frozenset({"DesiredTransition"})
@@ -41,10 +50,6 @@ STOP_NOT_NEEDED = "alloc not needed due to job update"
 
 JobKey = tuple[str, str]
 _PLAN_RANK = {"Deployment": 0, "Evaluation": 0, "Allocation": 1, "Job": 2}
-
-
-def _now_ns() -> int:
-    return time.time_ns()
 
 
 @dataclass
@@ -81,13 +86,13 @@ class _Txn:
 
     def alloc(self, alloc: JSON) -> None:
         alloc["ModifyIndex"] = self.index
-        alloc["ModifyTime"] = _now_ns()
+        alloc["ModifyTime"] = now_ns()
         self.put("Allocation", alloc["ID"], alloc, "allocs")
         self.jobs.add((alloc["Namespace"], alloc["JobID"]))
 
     def eval(self, ev: JSON) -> None:
         ev["ModifyIndex"] = self.index
-        ev["ModifyTime"] = _now_ns()
+        ev["ModifyTime"] = now_ns()
         self.put("Evaluation", ev["ID"], ev, "evals")
         self.jobs.add((ev["Namespace"], ev["JobID"]))
 
@@ -371,7 +376,7 @@ class Simulator:
             "Status": "pending",
             "StatusDescription": "",
             "CreateIndex": txn.index,
-            "CreateTime": _now_ns(),
+            "CreateTime": now_ns(),
             **extra,
         }
         self.evals[ev["ID"]] = ev
@@ -596,7 +601,7 @@ class Simulator:
         policy = group.get("ReschedulePolicy") or {}
         events = (alloc.get("RescheduleTracker") or {}).get("Events") or []
         interval_ns = int(policy.get("Interval") or 0)
-        now = _now_ns()
+        now = now_ns()
         recent = [e for e in events if not interval_ns or now - e["RescheduleTime"] < interval_ns]
         if not policy.get("Unlimited") and len(recent) >= int(policy.get("Attempts") or 0):
             return ""
@@ -644,7 +649,7 @@ class Simulator:
             }
             for t in group["Tasks"]
         }
-        now = _now_ns()
+        now = now_ns()
         alloc: JSON = {
             "ID": self.new_id(),
             "Namespace": job["Namespace"],
@@ -753,8 +758,8 @@ class Simulator:
                     "Restarts": old.get("Restarts", 0),
                     "LastRestart": old.get("LastRestart"),
                     "StartedAt": old.get("StartedAt")
-                    or (_iso_now() if state == "running" else None),
-                    "FinishedAt": _iso_now() if state == "dead" else None,
+                    or (iso_now() if state == "running" else None),
+                    "FinishedAt": iso_now() if state == "dead" else None,
                     "Events": [*(old.get("Events") or []), *events],
                 }
         return out
@@ -786,7 +791,7 @@ class Simulator:
         if self.nodes[alloc["NodeID"]]["Status"] == "down":
             return
         group = next(g for g in alloc["Job"]["TaskGroups"] if g["Name"] == alloc["TaskGroup"])
-        now = _now_ns()
+        now = now_ns()
         received = _task_event("Received", now, "Task received by client")
         if "*" in self.fail_images or self.fail_images & set(group_images(group)):
             failure = _task_event("Driver Failure", now, "simulated start failure", fails=True)
@@ -804,7 +809,7 @@ class Simulator:
             return
         if self.nodes[alloc["NodeID"]]["Status"] == "down":
             return
-        now = _now_ns()
+        now = now_ns()
         killing = _task_event("Killing", now, "Sent interrupt")
         killed = _task_event("Killed", now, "Task successfully killed")
         tasks = self._task_states(alloc, "dead", False, [killing, killed])
@@ -883,7 +888,7 @@ class Simulator:
             CreateIndex=rec.create_index,
             ModifyIndex=txn.index,
             JobModifyIndex=txn.index,
-            SubmitTime=_now_ns(),
+            SubmitTime=now_ns(),
             Stable=False,
             Status=rec.job["Status"] if rec.versions else "pending",
             StatusDescription="",
@@ -935,7 +940,7 @@ class Simulator:
                 Version=rec.job["Version"] + 1,
                 ModifyIndex=txn.index,
                 JobModifyIndex=txn.index,
-                SubmitTime=_now_ns(),
+                SubmitTime=now_ns(),
             )
             rec.versions.append(job)
             txn.job(job)
@@ -1153,8 +1158,8 @@ class Simulator:
             node["SchedulingEligibility"] = "ineligible"
             node["DrainStrategy"] = {
                 "DrainSpec": {"Deadline": deadline_ns, "IgnoreSystemJobs": False},
-                "ForceDeadline": _iso_after(deadline_seconds) if deadline_ns > 0 else None,
-                "StartedAt": _iso_now(),
+                "ForceDeadline": iso_after(deadline_seconds) if deadline_ns > 0 else None,
+                "StartedAt": iso_now(),
             }
         else:
             node["Drain"] = False
@@ -1323,7 +1328,7 @@ class Simulator:
         if cas is not None and (current["ModifyIndex"] if current else 0) != cas:
             return 409, dict(current) if current else _zero_var()
         txn = self._txn("VariableUpserted")
-        now = _now_ns()
+        now = now_ns()
         var = {
             "Namespace": namespace,
             "Path": path,
@@ -1394,7 +1399,7 @@ class Simulator:
             "Policies": body.get("Policies"),
             "Roles": body.get("Roles"),
             "Global": bool(body.get("Global")),
-            "CreateTime": old["CreateTime"] if old else _iso_now(),
+            "CreateTime": old["CreateTime"] if old else iso_now(),
             "ExpirationTime": None,
             "CreateIndex": old["CreateIndex"] if old else txn.index,
             "ModifyIndex": txn.index,
@@ -1499,7 +1504,7 @@ class Simulator:
         alloc = self.alloc(alloc_id)
         if alloc["ClientStatus"] != "running":
             raise bad_request("alloc is not running")
-        now = _now_ns()
+        now = now_ns()
         terminated = _task_event("Terminated", now, "Exit Code: 137, Exit Message: OOM Killed")
         terminated["Details"] = {"exit_code": "137", "oom_killed": "true", "signal": "0"}
         terminated["ExitCode"] = 137
@@ -1511,7 +1516,7 @@ class Simulator:
             tasks[name] = {
                 **state,
                 "Restarts": state.get("Restarts", 0) + 1,
-                "LastRestart": _iso_now(),
+                "LastRestart": iso_now(),
                 "Events": [*state.get("Events", []), terminated, restarting, started],
             }
         self._client_update(alloc, "running", "Tasks are running", tasks)
@@ -1528,7 +1533,7 @@ class Simulator:
         alloc = self.alloc(alloc_id)
         if alloc["ClientStatus"] in TERMINAL:
             raise bad_request("alloc is already terminal")
-        now = _now_ns()
+        now = now_ns()
         ev = _task_event("Terminated", now, f"Exit Code: {1 if failed else 0}", fails=failed)
         ev["ExitCode"] = 1 if failed else 0
         tasks = self._task_states(alloc, "dead", failed, [ev])
@@ -1557,16 +1562,7 @@ class Simulator:
         self.broker.disconnect_all()
 
     def event_fault(self, kind: str, seconds: float, delay_ms: float = 500.0) -> None:
-        until = time.monotonic() + seconds
-        if kind == "drop":
-            self.broker.drop_until = until
-        elif kind == "duplicate":
-            self.broker.duplicate_until = until
-        elif kind == "delay":
-            self.broker.delay_until = until
-            self.broker.delay_seconds = delay_ms / 1000
-        else:
-            raise bad_request(f"unknown event fault {kind!r} (drop, duplicate, delay)")
+        self.broker.inject_fault(kind, seconds, delay_ms)
 
     def api_fault(self, kind: str, seconds: float, slow_ms: float = 1000.0) -> None:
         if kind not in ("no_leader", "refuse", "slow", "none"):
@@ -1637,14 +1633,6 @@ class Simulator:
 def _name_index(alloc: JSON) -> int:
     name = alloc["Name"]
     return int(name[name.rindex("[") + 1 : -1])
-
-
-def _iso_now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{time.time_ns() % 10**9:09d}Z"
-
-
-def _iso_after(seconds: float | None) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + (seconds or 0)))
 
 
 def _task_event(kind: str, now: int, message: str, fails: bool = False) -> JSON:
