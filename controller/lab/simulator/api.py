@@ -7,15 +7,15 @@ import inspect
 import json
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from aiohttp import web
 
 from controller.lab.simulator.bexpr import FilterError, compile_filter
 from controller.lab.simulator.events import StreamDropped, TopicFilter
-from controller.lab.simulator.state import Simulator
 from controller.lab.simulator.util import JSON, ApiError, bad_request, not_found, parse_go_duration
 from controller.lab.simulator.views import (
     alloc_full,
@@ -25,6 +25,9 @@ from controller.lab.simulator.views import (
     node_stub,
     paginate,
 )
+
+if TYPE_CHECKING:
+    from controller.lab.simulator.cluster import Simulator
 
 Handler = Callable[[web.Request, dict[str, str], JSON | None], Awaitable[web.StreamResponse]]
 MAX_WAIT = 300.0
@@ -122,6 +125,27 @@ async def read_json(request: web.Request, required: bool = True) -> Any:
         raise bad_request(f"Failed to decode request body: {type(exc).__name__}") from None
 
 
+class ApiFaults:
+    """The API fault in force: until it expires, every /v1 call fails or is slowed."""
+
+    def __init__(self) -> None:
+        self.kind = ""
+        self.until = 0.0
+        self.slow_ms = 0.0
+
+    def inject(self, kind: str, seconds: float, slow_ms: float = 1000.0) -> None:
+        if kind not in ("no_leader", "refuse", "slow", "none"):
+            raise bad_request(f"unknown api fault {kind!r} (no_leader, refuse, slow, none)")
+        self.kind = "" if kind == "none" else kind
+        self.until = time.monotonic() + seconds
+        self.slow_ms = slow_ms
+
+    def current(self) -> str:
+        if self.kind and time.monotonic() < self.until:
+            return self.kind
+        return ""
+
+
 class Api:
     def __init__(self, sim: Simulator) -> None:
         self.sim = sim
@@ -198,13 +222,13 @@ class Api:
             if path.startswith("/_sim/"):
                 return await self.sim_route(request, path[len("/_sim/") :])
             self.sim.counters["http_requests"] += 1
-            fault = self.sim.current_api_fault()
+            fault = self.sim.api_faults.current()
             if fault == "refuse":
                 if request.transport is not None:
                     request.transport.abort()  # the client sees a reset, no response
                 return web.Response(status=500)  # never written: the transport is gone
             if fault == "slow":
-                await asyncio.sleep(self.sim.api_slow_ms / 1000)
+                await asyncio.sleep(self.sim.api_faults.slow_ms / 1000)
             if fault == "no_leader":
                 return text(500, "No cluster leader")
             for pattern, methods in self.routes:
