@@ -149,7 +149,8 @@ class EventBroker:
 
     # -- subscribing ----------------------------------------------------------
     def start_seq(self, index: int) -> int:
-        """Where a subscription starting at `index` begins (reference section 2)."""
+        """Where a subscription from `index` begins: the first item at or after it,
+        clamped to the buffer's oldest and newest items, as Nomad's event buffer does."""
         if not self.buffer:
             return self.next_seq
         oldest, newest = self.buffer[0], self.buffer[-1]
