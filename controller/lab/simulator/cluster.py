@@ -9,7 +9,6 @@ from typing import Any
 from controller.lab.simulator.acl import Acl
 from controller.lab.simulator.api import ApiFaults
 from controller.lab.simulator.clients import Clients
-from controller.lab.simulator.events import EventBroker
 from controller.lab.simulator.jobs import JobRegistry
 from controller.lab.simulator.nodes import NodeRegistry
 from controller.lab.simulator.scheduler import Scheduler
@@ -52,6 +51,23 @@ class Simulator:
         self.api_faults = ApiFaults()
         self.heartbeat_seconds = heartbeat_seconds  # of the event stream
         self.advertise = "127.0.0.1"
+        # The tables, shared with their parts: they are changed in place, never replaced.
+        self.table_index = self.store.table_index
+        self.counters = self.store.counters
+        self.broker = self.store.broker
+        self.nodes = self.store.nodes
+        self.jobs = self.store.jobs
+        self.allocs = self.store.allocs
+        self.evals = self.store.evals
+        self.deployments = self.store.deployments
+        self.job_allocs = self.store.job_allocs
+        self.node_allocs = self.store.node_allocs
+        self.job_touched = self.store.job_touched
+        self.blocked = self.scheduler.blocked
+        self.fail_images = self.clients.fail_images
+        self.vars = self.variable_registry.vars
+        self.tokens = self.acl.tokens
+        self.policies = self.acl.policies
         for name in nodes or ["sim-node-1", "sim-node-2", "sim-node-3"]:
             self.node_registry.register(name, node_cpu, node_memory_mb)
 
@@ -76,74 +92,10 @@ class Simulator:
     def algorithm(self, algorithm: str) -> None:
         self.scheduler.placement.algorithm = algorithm
 
-    @property
-    def fail_images(self) -> set[str]:
-        return self.clients.fail_images
-
     # ------------------------------------------------------------------ state
     @property
     def index(self) -> int:
         return self.store.index
-
-    @property
-    def table_index(self) -> Counter[str]:
-        return self.store.table_index
-
-    @property
-    def counters(self) -> Counter[str]:
-        return self.store.counters
-
-    @property
-    def broker(self) -> EventBroker:
-        return self.store.broker
-
-    @property
-    def nodes(self) -> dict[str, JSON]:
-        return self.store.nodes
-
-    @property
-    def jobs(self) -> dict[JobKey, JobRecord]:
-        return self.store.jobs
-
-    @property
-    def allocs(self) -> dict[str, JSON]:
-        return self.store.allocs
-
-    @property
-    def evals(self) -> dict[str, JSON]:
-        return self.store.evals
-
-    @property
-    def deployments(self) -> dict[str, JSON]:
-        return self.store.deployments
-
-    @property
-    def job_allocs(self) -> dict[JobKey, dict[str, None]]:
-        return self.store.job_allocs
-
-    @property
-    def node_allocs(self) -> dict[str, dict[str, None]]:
-        return self.store.node_allocs
-
-    @property
-    def job_touched(self) -> dict[JobKey, int]:
-        return self.store.job_touched
-
-    @property
-    def blocked(self) -> dict[JobKey, str]:
-        return self.scheduler.blocked
-
-    @property
-    def vars(self) -> dict[VarKey, JSON]:
-        return self.variable_registry.vars
-
-    @property
-    def tokens(self) -> dict[str, JSON]:
-        return self.acl.tokens
-
-    @property
-    def policies(self) -> dict[str, JSON]:
-        return self.acl.policies
 
     async def wait_for_change(self, seconds: float) -> None:
         await self.store.wait_for_change(seconds)
