@@ -13,7 +13,7 @@ class NodeRegistry:
         self.store = store
         self.scheduler = scheduler
         self.clients = clients
-        self._draining: dict[str, float | None] = {}  # node id -> batch deadline (seconds)
+        self._draining: dict[str, float | None] = {}  # node id -> seconds to its deadline
 
     def register(self, name: str, cpu: int, mem: int) -> None:
         store = self.store
