@@ -15,8 +15,8 @@ from typing import Any
 
 import aiohttp
 
+from controller.lab.simulator.cluster import Simulator
 from controller.lab.simulator.server import start_sim
-from controller.lab.simulator.state import Simulator
 
 
 def _job(job_id: str) -> dict[str, Any]:

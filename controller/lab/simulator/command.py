@@ -9,8 +9,8 @@ import signal
 import ssl
 import sys
 
+from controller.lab.simulator.cluster import Simulator
 from controller.lab.simulator.server import start_sim
-from controller.lab.simulator.state import Simulator
 
 
 def _parse_listen(value: str) -> tuple[str, int]:

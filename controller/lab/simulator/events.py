@@ -10,7 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.lab.simulator.util import JSON
+from controller.lab.simulator.util import JSON, bad_request
 
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
@@ -129,13 +129,28 @@ class EventBroker:
         self._changed.set()
         self._changed = asyncio.Event()
 
+    # -- faults ----------------------------------------------------------------
     def disconnect_all(self) -> None:
         self.generation += 1
         self._wake()
 
+    def inject_fault(self, kind: str, seconds: float, delay_ms: float = 500.0) -> None:
+        """For `seconds`, frames are dropped, sent twice, or held back `delay_ms` in order."""
+        until = time.monotonic() + seconds
+        if kind == "drop":
+            self.drop_until = until
+        elif kind == "duplicate":
+            self.duplicate_until = until
+        elif kind == "delay":
+            self.delay_until = until
+            self.delay_seconds = delay_ms / 1000
+        else:
+            raise bad_request(f"unknown event fault {kind!r} (drop, duplicate, delay)")
+
     # -- subscribing ----------------------------------------------------------
     def start_seq(self, index: int) -> int:
-        """Where a subscription starting at `index` begins (reference section 2)."""
+        """Where a subscription from `index` begins: the first item at or after it,
+        clamped to the buffer's oldest and newest items, as Nomad's event buffer does."""
         if not self.buffer:
             return self.next_seq
         oldest, newest = self.buffer[0], self.buffer[-1]

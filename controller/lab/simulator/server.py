@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from controller.lab.simulator.api import build_app
-from controller.lab.simulator.state import Simulator
+from controller.lab.simulator.cluster import Simulator
 
 
 @dataclass

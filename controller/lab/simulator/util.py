@@ -1,8 +1,9 @@
-"""Small helpers shared by the simulator: Go durations, omitempty, errors."""
+"""Small helpers shared by the simulator: Go durations, timestamps, omitempty, errors."""
 
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 JSON = dict[str, Any]
@@ -40,6 +41,18 @@ def parse_go_duration(text: str) -> float:
         total_ns += float(m.group(1)) * _UNIT_NS[m.group(2)]
         pos = m.end()
     return sign * total_ns / 1e9
+
+
+def now_ns() -> int:
+    return time.time_ns()
+
+
+def iso_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{time.time_ns() % 10**9:09d}Z"
+
+
+def iso_after(seconds: float | None) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + (seconds or 0)))
 
 
 def _is_empty(value: Any) -> bool:

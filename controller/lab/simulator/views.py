@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from controller.lab.simulator.state import ALWAYS, JobRecord, Simulator
+from controller.lab.simulator.store import ALWAYS, JobRecord
 from controller.lab.simulator.util import JSON, omit_empty
+
+if TYPE_CHECKING:
+    from controller.lab.simulator.cluster import Simulator
 
 _STUB_FIELDS = (
     "ID",

@@ -1,0 +1,67 @@
+"""Routes: status, agent, regions and namespaces."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from controller.lab.simulator.util import JSON
+from controller.lab.simulator.wire import AddRoute, reply
+
+if TYPE_CHECKING:
+    from controller.lab.simulator.cluster import Simulator
+
+
+class AgentRoutes:
+    def __init__(self, sim: Simulator) -> None:
+        self.sim = sim
+
+    def register(self, r: AddRoute) -> None:
+        r(r"/v1/status/leader", GET=self.leader)
+        r(r"/v1/status/peers", GET=self.peers)
+        r(r"/v1/agent/self", GET=self.agent_self)
+        r(r"/v1/regions", GET=self.regions)
+        r(r"/v1/namespaces", GET=self.namespaces)
+
+    async def leader(self, request: web.Request, p: dict[str, str], t: JSON | None) -> web.Response:
+        return reply(f"{self.sim.advertise}:4647")
+
+    async def peers(self, request: web.Request, p: dict[str, str], t: JSON | None) -> web.Response:
+        return reply([f"{self.sim.advertise}:4647"])
+
+    async def regions(
+        self, request: web.Request, p: dict[str, str], t: JSON | None
+    ) -> web.Response:
+        return reply(["global"])
+
+    async def namespaces(
+        self, request: web.Request, p: dict[str, str], t: JSON | None
+    ) -> web.Response:
+        names = sorted({"default", *(k[0] for k in self.sim.jobs)})
+        return reply(
+            [{"Name": n, "Description": "", "CreateIndex": 1, "ModifyIndex": 1} for n in names], 1
+        )
+
+    async def agent_self(
+        self, request: web.Request, p: dict[str, str], t: JSON | None
+    ) -> web.Response:
+        return reply(
+            {
+                "config": {
+                    "Region": "global",
+                    "Datacenter": "dc1",
+                    "NodeName": "sim-server",
+                    "Version": {"Version": "1.9.7", "VersionPrerelease": "", "Revision": "sim"},
+                    "ACL": {"Enabled": self.sim.acl_enabled},
+                },
+                "member": {
+                    "Name": "sim-server.global",
+                    "Addr": self.sim.advertise,
+                    "Port": 4648,
+                    "Status": "alive",
+                    "Tags": {"region": "global", "dc": "dc1", "build": "1.9.7", "role": "nomad"},
+                },
+                "stats": {"nomad": {"leader": "true", "server": "true"}},
+            }
+        )

@@ -1,0 +1,74 @@
+"""Route: /v1/event/stream, the event stream as newline-delimited JSON frames."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from controller.lab.simulator.events import StreamDropped, TopicFilter
+from controller.lab.simulator.util import JSON, ApiError, bad_request
+from controller.lab.simulator.wire import AddRoute, namespace_of, parse_int
+
+if TYPE_CHECKING:
+    from controller.lab.simulator.cluster import Simulator
+
+_READ_TOPICS = {"Job", "Allocation", "Evaluation", "Deployment", "Service", "Node", "Variables"}
+
+
+class EventRoutes:
+    def __init__(self, sim: Simulator) -> None:
+        self.sim = sim
+
+    def register(self, r: AddRoute) -> None:
+        r(r"/v1/event/stream", GET=self.event_stream)
+
+    async def event_stream(
+        self, request: web.Request, p: dict[str, str], t: JSON | None
+    ) -> web.StreamResponse:
+        topics: dict[str, set[str]] = {}
+        for raw in request.query.getall("topic", []):
+            if raw.count(":") > 1:
+                raise bad_request(f"Invalid topic query: {raw}")
+            topic, _, key = raw.partition(":")
+            topics.setdefault(topic, set()).add(key or "*")
+        if not topics:
+            topics = {"*": {"*"}}
+        if t is not None and t["Type"] != "management" and not set(topics) <= _READ_TOPICS:
+            raise ApiError(403, "Permission denied")
+        index = parse_int(request, "index") or 0
+        filt = TopicFilter(topics, namespace_of(request))
+        broker = self.sim.broker
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        loop = asyncio.get_running_loop()
+        seq = broker.start_seq(index)
+        generation = broker.generation
+        try:
+            await resp.write(b"{}\n")
+            last_write = loop.time()
+            while True:
+                if broker.generation != generation:
+                    if request.transport is not None:
+                        request.transport.abort()  # a server restart, as the client sees it
+                    return resp
+                items = broker.read(seq)
+                for item in items:
+                    frame = filt.frame(item)
+                    if frame is not None:
+                        await resp.write(frame)
+                        last_write = loop.time()
+                    seq = item.seq + 1
+                if items:
+                    continue
+                idle = loop.time() - last_write
+                if idle >= self.sim.heartbeat_seconds:
+                    await resp.write(b"{}\n")
+                    last_write = loop.time()
+                    continue
+                await broker.wait(seq, self.sim.heartbeat_seconds - idle)
+        except StreamDropped:
+            return resp  # `event dropped from buffer`: the stream ends
+        except (ConnectionResetError, ConnectionError):
+            return resp

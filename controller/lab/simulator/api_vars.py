@@ -1,0 +1,88 @@
+"""Routes: /v1/vars and /v1/var/:path."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from controller.lab.simulator.util import JSON, bad_request, not_found
+from controller.lab.simulator.views import paginate
+from controller.lab.simulator.wire import (
+    AddRoute,
+    block,
+    namespace_of,
+    parse_int,
+    query_filter,
+    read_json,
+    reply,
+    table_index,
+)
+
+if TYPE_CHECKING:
+    from controller.lab.simulator.cluster import Simulator
+
+
+class VariableRoutes:
+    def __init__(self, sim: Simulator) -> None:
+        self.sim = sim
+
+    def register(self, r: AddRoute) -> None:
+        r(r"/v1/vars", GET=self.vars_list)
+        r(r"/v1/var/(?P<path>.+)", GET=self.var_read, PUT=self.var_put, DELETE=self.var_delete)
+
+    async def vars_list(
+        self, request: web.Request, p: dict[str, str], t: JSON | None
+    ) -> web.Response:
+        index = await block(self.sim, request, table_index(self.sim, "vars"))
+        keep = query_filter(request)
+        keys = self.sim.var_keys(namespace_of(request), request.query.get("prefix", ""))
+        metas = [self.sim.var_meta(self.sim.vars[k]) for k in keys]
+        page, nxt = paginate(
+            metas,
+            lambda v: v["Path"],
+            request.query.get("next_token") or None,
+            parse_int(request, "per_page") or 0,
+            keep,
+        )
+        resp = reply(page, index)
+        if nxt is not None:
+            resp.headers["X-Nomad-NextToken"] = nxt
+        return resp
+
+    async def var_read(
+        self, request: web.Request, p: dict[str, str], t: JSON | None
+    ) -> web.Response:
+        key = (namespace_of(request), p["path"])
+
+        def index_of() -> int:
+            var = self.sim.vars.get(key)
+            return int(var["ModifyIndex"]) if var else self.sim.table_index["vars"]
+
+        index = await block(self.sim, request, index_of)
+        var = self.sim.vars.get(key)
+        if var is None:
+            raise not_found("variable")
+        return reply(var, index)
+
+    async def var_put(
+        self, request: web.Request, p: dict[str, str], t: JSON | None
+    ) -> web.Response:
+        body = await read_json(request)
+        if not isinstance(body, dict):
+            raise bad_request("Failed to decode request body: expected a JSON object")
+        ns = request.query.get("namespace") or body.get("Namespace") or "default"
+        status, var = self.sim.put_variable(
+            ns, p["path"], body.get("Items"), parse_int(request, "cas")
+        )
+        return reply(var, var["ModifyIndex"] or self.sim.index, status)
+
+    async def var_delete(
+        self, request: web.Request, p: dict[str, str], t: JSON | None
+    ) -> web.Response:
+        status, conflict = self.sim.delete_variable(
+            namespace_of(request), p["path"], parse_int(request, "cas")
+        )
+        if conflict is not None:
+            return reply(conflict, self.sim.index, status)
+        return web.Response(status=200, headers={"X-Nomad-Index": str(self.sim.index)})

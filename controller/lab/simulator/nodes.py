@@ -1,0 +1,261 @@
+"""Client nodes: registration, eligibility, drains, and the node faults (down, up)."""
+
+from __future__ import annotations
+
+from controller.lab.simulator.clients import Clients
+from controller.lab.simulator.scheduler import STOP_MIGRATING, Scheduler
+from controller.lab.simulator.store import TERMINAL, JobKey, Store, Txn
+from controller.lab.simulator.util import JSON, bad_request, iso_after, iso_now, not_found
+
+
+class NodeRegistry:
+    def __init__(self, store: Store, scheduler: Scheduler, clients: Clients) -> None:
+        self.store = store
+        self.scheduler = scheduler
+        self.clients = clients
+        self._draining: dict[str, float | None] = {}  # node id -> seconds to its deadline
+
+    def register(self, name: str, cpu: int, mem: int) -> None:
+        store = self.store
+        if name in store.node_by_name:
+            raise ValueError(f"duplicate node name {name!r}")
+        node_id = store.new_id()
+        txn = store.txn("NodeRegistration")
+        node: JSON = {
+            "ID": node_id,
+            "Name": name,
+            "Datacenter": "dc1",
+            "NodeClass": "",
+            "NodePool": "default",
+            "HTTPAddr": "127.0.0.1:4646",
+            "TLSEnabled": False,
+            "Status": "ready",
+            "StatusDescription": "",
+            "SchedulingEligibility": "eligible",
+            "Drain": False,
+            "DrainStrategy": None,
+            "Attributes": {
+                "os.name": "linux",
+                "kernel.name": "linux",
+                "cpu.arch": "amd64",
+                "nomad.version": "1.9.7",
+                "driver.docker": "1",
+                "unique.hostname": name,
+            },
+            "Meta": {},
+            "NodeResources": {
+                "Cpu": {"CpuShares": cpu},
+                "Memory": {"MemoryMB": mem},
+                "Disk": {"DiskMB": 100_000},
+                "Networks": None,
+            },
+            "Drivers": {"docker": {"Detected": True, "Healthy": True}},
+            "Version": "1.9.7",
+            "CreateIndex": txn.index,
+            "ModifyIndex": txn.index,
+        }
+        store.nodes[node_id] = node
+        store.node_by_name[name] = node_id
+        store.node_allocs[node_id] = {}
+        self.scheduler.placement.add_node(node_id)
+        txn.node(node)
+        store.commit(txn)
+
+    def node_id(self, name_or_id: str) -> str:
+        if name_or_id in self.store.nodes:
+            return name_or_id
+        if name_or_id in self.store.node_by_name:
+            return self.store.node_by_name[name_or_id]
+        raise not_found("node")
+
+    def _node(self, name_or_id: str) -> JSON:
+        return self.store.nodes[self.node_id(name_or_id)]
+
+    # ------------------------------------------------------------------ API
+    def set_eligibility(self, node_id: str, eligible: bool) -> JSON:
+        node = self._node(node_id)
+        if eligible and node["Drain"]:
+            raise bad_request(
+                "can not set node's scheduling eligibility to eligible while draining"
+            )
+        txn = self.store.txn("NodeDrain")  # NodeEligibility at HEAD; NodeDrain through v1.10.x
+        node["SchedulingEligibility"] = "eligible" if eligible else "ineligible"
+        txn.node(node)
+        self.store.commit(txn)
+        if eligible:
+            self.scheduler.request_unblock()
+        return _node_reply(txn)
+
+    def evaluate_node(self, node_id: str) -> JSON:
+        node = self._node(node_id)
+        txn = self.store.txn("NodeStreamEvent")
+        evals = self._node_evals(txn, node["ID"], "node-update")
+        if not txn.rows:
+            txn.node(node)
+        self.store.commit(txn)
+        for ev in evals:
+            self.scheduler.schedule(ev["ID"])
+        return {
+            "EvalIDs": [e["ID"] for e in evals] or None,
+            "EvalCreateIndex": txn.index if evals else 0,
+            "NodeModifyIndex": node["ModifyIndex"],
+            "Index": txn.index,
+        }
+
+    def _node_evals(self, txn: Txn, node_id: str, trigger: str) -> list[JSON]:
+        """One eval per job with allocs that should run on the node."""
+        evals = []
+        seen: set[JobKey] = set()
+        for alloc_id in self.store.node_allocs[node_id]:
+            alloc = self.store.allocs[alloc_id]
+            key = (alloc["Namespace"], alloc["JobID"])
+            if alloc["DesiredStatus"] == "run" and key not in seen:
+                seen.add(key)
+                evals.append(self.scheduler.new_eval(txn, alloc["Job"], trigger, NodeID=node_id))
+        return evals
+
+    # ------------------------------------------------------------------ drains
+    def drain(
+        self,
+        node_name: str,
+        deadline_seconds: float | None = 3600.0,
+        enable: bool = True,
+        mark_eligible: bool = False,
+    ) -> JSON:
+        """Drain (or stop draining) a node: service allocs migrate, batch allocs wait.
+
+        deadline_seconds < 0 forces the drain now; 0 or None means no deadline.
+        """
+        node = self._node(node_name)
+        txn = self.store.txn("NodeDrain")
+        if enable:
+            deadline_ns = int((deadline_seconds or 0) * 1e9)
+            node["Drain"] = True
+            node["SchedulingEligibility"] = "ineligible"
+            node["DrainStrategy"] = {
+                "DrainSpec": {"Deadline": deadline_ns, "IgnoreSystemJobs": False},
+                "ForceDeadline": iso_after(deadline_seconds) if deadline_ns > 0 else None,
+                "StartedAt": iso_now(),
+            }
+        else:
+            node["Drain"] = False
+            node["DrainStrategy"] = None
+            if mark_eligible:
+                node["SchedulingEligibility"] = "eligible"
+        txn.node(node)
+        self.store.commit(txn)
+        if enable:
+            due = None
+            if deadline_seconds is not None and deadline_seconds != 0:
+                due = max(deadline_seconds, 0.0)
+            self._draining[node["ID"]] = due
+            self.store.later(0, self._drain_step, node["ID"])
+            if due is not None:
+                self.store.later(due, self._drain_deadline, node["ID"])
+        else:
+            self._draining.pop(node["ID"], None)
+            self.scheduler.request_unblock()
+        return _node_reply(txn)
+
+    def _drain_step(self, node_id: str, force: bool = False) -> None:
+        if node_id not in self._draining:
+            return
+        store = self.store
+        txn = store.txn("AllocationUpdateDesiredStatus")
+        evals: list[JSON] = []
+        seen_jobs: set[JobKey] = set()
+        for alloc_id in store.node_allocs[node_id]:
+            alloc = store.allocs[alloc_id]
+            if alloc["DesiredStatus"] != "run" or alloc["ClientStatus"] in TERMINAL:
+                continue
+            if alloc["DesiredTransition"].get("Migrate"):
+                continue
+            is_batch = alloc["Job"]["Type"] == "batch"
+            if is_batch and not force:
+                continue  # batch allocs are left to finish until the deadline
+            transition = {**alloc["DesiredTransition"], "Migrate": True}
+            if is_batch:
+                transition["MigrateDisablePlacement"] = True
+            alloc["DesiredTransition"] = transition
+            txn.alloc(alloc)
+            key = (alloc["Namespace"], alloc["JobID"])
+            if key not in seen_jobs:
+                seen_jobs.add(key)
+                evals.append(
+                    self.scheduler.new_eval(txn, alloc["Job"], "node-drain", NodeID=node_id)
+                )
+        if not txn.rows:
+            store.discard(txn)
+            self.check_drain_done(node_id)
+            return
+        store.commit(txn)
+        for ev in evals:
+            self.scheduler.schedule(ev["ID"])
+        if force:
+            store.later(0, self._stop_disabled_placements, node_id)
+
+    def _stop_disabled_placements(self, node_id: str) -> None:
+        txn = self.store.txn("PlanResult")
+        stopped = []
+        for alloc_id in self.store.node_allocs[node_id]:
+            alloc = self.store.allocs[alloc_id]
+            t = alloc["DesiredTransition"]
+            if alloc["DesiredStatus"] == "run" and t.get("MigrateDisablePlacement"):
+                self.scheduler.stop(txn, alloc, STOP_MIGRATING)
+                stopped.append(alloc)
+        if not stopped:
+            self.store.discard(txn)
+            return
+        self.store.commit(txn)
+        for alloc in stopped:
+            self.clients.stop_soon(alloc["ID"])
+
+    def _drain_deadline(self, node_id: str) -> None:
+        self._drain_step(node_id, force=True)
+
+    def check_drain_done(self, node_id: str) -> None:
+        """A draining node whose allocs are all terminal is done: its strategy is cleared."""
+        if node_id not in self._draining:
+            return
+        for alloc_id in self.store.node_allocs[node_id]:
+            if self.store.allocs[alloc_id]["ClientStatus"] not in TERMINAL:
+                return
+        del self._draining[node_id]
+        node = self.store.nodes[node_id]
+        txn = self.store.txn("NodeDrain")
+        node["Drain"] = False
+        node["DrainStrategy"] = None
+        txn.node(node)
+        self.store.commit(txn)
+
+    # ------------------------------------------------------------------ faults
+    def node_down(self, node_name: str) -> None:
+        """Missed heartbeat: node down, evals node-update, allocs lost and replaced."""
+        node = self._node(node_name)
+        txn = self.store.txn("NodeStreamEvent")
+        node["Status"] = "down"
+        node["StatusDescription"] = "node heartbeat missed"
+        txn.node(node)
+        evals = self._node_evals(txn, node["ID"], "node-update")
+        self.store.commit(txn)
+        for ev in evals:
+            self.scheduler.schedule(ev["ID"])
+
+    def node_up(self, node_name: str) -> None:
+        node = self._node(node_name)
+        txn = self.store.txn("NodeStreamEvent")
+        node["Status"] = "ready"
+        node["StatusDescription"] = ""
+        txn.node(node)
+        self.store.commit(txn)
+        self.scheduler.request_unblock()
+
+
+def _node_reply(txn: Txn) -> JSON:
+    """The NodeDrain/NodeEligibility update response: no evals are created directly."""
+    return {
+        "EvalIDs": None,
+        "EvalCreateIndex": 0,
+        "NodeModifyIndex": txn.index,
+        "Index": txn.index,
+    }
