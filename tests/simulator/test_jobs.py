@@ -160,6 +160,19 @@ async def test_bad_requests_get_nomad_errors(client: Client) -> None:
         (("GET", "/v1/job/none"), {}, 404, "job not found"),
         (("GET", "/v1/allocation/none"), {}, 404, "alloc not found"),
         (("DELETE", "/v1/job/x?purge=maybe"), {}, 400, 'Failed to parse value of "purge"'),
+        # Lists of the wrong JSON type fail Nomad's decoding of the body.
+        (
+            ("PUT", "/v1/jobs"),
+            {"body": {"Job": {"ID": "a", "TaskGroups": [{"Name": "g", "Tasks": False}]}}},
+            400,
+            "Failed to decode request body",
+        ),
+        (
+            ("PUT", "/v1/jobs"),
+            {"body": {"Job": {"ID": "a", "TaskGroups": 5}}},
+            400,
+            "Failed to decode request body",
+        ),
     ]
     for (method, path), kwargs, code, message in cases:
         status, text, headers = await client.call(method, path, **kwargs)

@@ -84,9 +84,6 @@ def canonicalize(raw: Any, namespace: str) -> JSON:
     if not isinstance(job_id, str) or not job_id:
         raise bad_request("Job ID hasn't been provided")
     job_type = job.get("Type") or "service"
-    groups = job.get("TaskGroups")
-    if groups is not None and not isinstance(groups, list):
-        raise bad_request("TaskGroups must be a list")
     _fill(
         job,
         {
@@ -107,6 +104,7 @@ def canonicalize(raw: Any, namespace: str) -> JSON:
     job["Namespace"] = namespace
     if job_type == "service" and job.get("Update") is None:
         job["Update"] = _update_block()
+    _require_list(job, "TaskGroups", "Job")
     for group in job["TaskGroups"]:
         if not isinstance(group, dict) or not isinstance(group.get("Name"), str):
             raise bad_request("Task group must have a name")
@@ -125,6 +123,7 @@ def canonicalize(raw: Any, namespace: str) -> JSON:
             _fill(group, {"ReschedulePolicy": resched})
         if job_type == "service":
             _fill(group, {"Update": job["Update"], "Migrate": _migrate_block()})
+        _require_list(group, "Tasks", "TaskGroup")
         count = group["Count"]
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise bad_request(f'Task group "{group["Name"]}" has invalid count')
@@ -143,6 +142,26 @@ def canonicalize(raw: Any, namespace: str) -> JSON:
             )
     _validate(job)
     return job
+
+
+def _require_list(obj: JSON, key: str, struct: str) -> None:
+    """A list field holding another JSON type fails Nomad's decoding of the whole body."""
+    value = obj[key]
+    if not isinstance(value, list):
+        raise bad_request(
+            f"Failed to decode request body: json: cannot unmarshal {_json_type(value)} into "
+            f"Go struct field {struct}.{key} of type []"
+        )
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "object" if isinstance(value, dict) else "null"
 
 
 def _check_meta(meta: Any, where: str) -> None:
@@ -164,8 +183,6 @@ def _validate(job: JSON) -> None:
     _check_meta(job.get("Meta"), "job")
     for group in job["TaskGroups"]:
         _check_meta(group.get("Meta"), "group")
-        if not isinstance(group["Tasks"], list):
-            raise bad_request("Failed to decode request body: Tasks must be a list")
         for task in group["Tasks"]:
             _check_meta(task.get("Meta"), "task")
             if not isinstance(task["Config"], dict):
