@@ -5,15 +5,18 @@ controller register and purge jobs in a tight loop. After FAILURE_THRESHOLD fail
 a row creation pauses for 2 s, then 4 s, 8 s, ... up to 5 min; once the pause ends the
 next creations are the probe. A success closes the breaker and resets the backoff.
 
-Failures are failed registrations and runners that failed to start or timed out.
-Successes should be runners that reached `running` (see `count_started`): a
-registration that Nomad accepted says nothing about whether the image starts.
+Failures are failed starts only: a registration Nomad refused, an allocation that failed
+before any task started, a runner not running within startupTimeoutSeconds. A runner
+that Nomad drained, migrated or lost with its node, or that poolkeeper retired, is never
+a failure (core/views.Failure). Successes are runners seen running for the first time, at
+any pass (`newly_running`): a registration that Nomad accepted says nothing about
+whether the image starts, and a start that a pass never saw `starting` still counts.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -32,6 +35,9 @@ class BreakerState:
     open_until: datetime | None = None
     # How often it opened since the last success: the exponent of the backoff.
     trips: int = 0
+    # Nomad's reason for the last failed start (a task event, an evaluation's placement
+    # failure, a refused registration), for the Degraded message.
+    last_failure: str = ""
 
 
 def backoff(trips: int) -> timedelta:
@@ -52,27 +58,31 @@ def degraded(state: BreakerState) -> bool:
     return state.consecutive_failures >= FAILURE_THRESHOLD
 
 
-def record(state: BreakerState, successes: int, failures: int, now: datetime) -> BreakerState:
-    """Fold one pass's outcomes into the breaker.
+def record(
+    state: BreakerState, successes: int, failures: Sequence[str], now: datetime
+) -> BreakerState:
+    """Fold one pass's outcomes into the breaker; `failures` are Nomad's reasons.
 
     Within one pass the order of outcomes is unknown; successes are taken to come
     first, so failures in the same pass still count (a partly failing pool trips).
     """
-    if successes <= 0 and failures <= 0:
+    if successes <= 0 and not failures:
         return state
-    if failures <= 0:
+    if not failures:
         return BreakerState()
-    consecutive = (0 if successes > 0 else state.consecutive_failures) + failures
+    consecutive = (0 if successes > 0 else state.consecutive_failures) + len(failures)
     trips = 0 if successes > 0 else state.trips
+    last = failures[-1]
     if consecutive < FAILURE_THRESHOLD:
-        return BreakerState(consecutive, None, trips)
+        return BreakerState(consecutive, None, trips, last)
     if is_open(state, now) and successes <= 0:
         # Late failures of runners created before it opened: do not escalate again.
-        return dataclasses.replace(state, consecutive_failures=consecutive)
-    return BreakerState(consecutive, now + backoff(trips), trips + 1)
+        return dataclasses.replace(state, consecutive_failures=consecutive, last_failure=last)
+    return BreakerState(consecutive, now + backoff(trips), trips + 1, last)
 
 
-def count_started(previous: Iterable[Runner], current: Iterable[Runner]) -> int:
-    """Runners that were starting on the previous pass and are running now."""
-    was_starting = {r.id for r in previous if r.state is RunnerState.STARTING}
-    return sum(1 for r in current if r.id in was_starting and r.state in _STARTED)
+def newly_running(seen: frozenset[str], runners: Iterable[Runner]) -> tuple[int, frozenset[str]]:
+    """How many runners are running (or claimed) for the first time, and the IDs seen
+    running from now on (those still present)."""
+    running = frozenset(r.id for r in runners if r.state in _STARTED)
+    return len(running - seen), running

@@ -14,6 +14,7 @@ from controller.core.claims import ClaimRecord
 from controller.core.times import NS_PER_SECOND, to_ns
 from controller.core.views import (
     AllocationView,
+    Failure,
     JobView,
     PoolObservation,
     PoolPolicy,
@@ -67,7 +68,12 @@ def _classify_job(
     newest_live_create = max((alloc.create_time_ns for alloc in live), default=0)
     starting_since = max(job.submit_time_ns, newest_live_create)
 
-    def runner(state: RunnerState, reason: str, alloc: AllocationView | None = counting) -> Runner:
+    def runner(
+        state: RunnerState,
+        reason: str,
+        alloc: AllocationView | None = counting,
+        failure: Failure | None = None,
+    ) -> Runner:
         return Runner(
             id=job.id,
             state=state,
@@ -77,7 +83,18 @@ def _classify_job(
             reason=reason,
             starting_since_ns=starting_since,
             malformed_claim=malformed and claim is None,
+            failure=failure,
         )
+
+    # A runner that ever ran has not failed to start, whatever happened to it since.
+    ever_started = any(alloc.started for alloc in allocations)
+
+    def failed(start_failure: Failure, reason: str) -> Runner:
+        if ever_started:
+            return runner(RunnerState.FAILED, reason, failure=Failure.ENDED)
+        nomad_says = _newest_failure(allocations)
+        detail = f"{reason}: {nomad_says}" if nomad_says else reason
+        return runner(RunnerState.FAILED, detail, failure=start_failure)
 
     if claim is not None and claim.is_tombstone:
         return runner(RunnerState.TERMINATING, f"claim is a {claim.state} tombstone")
@@ -90,7 +107,9 @@ def _classify_job(
         return runner(state, reason, alloc if alloc is not None else counting)
 
     if job.stop:
-        return runner(RunnerState.FAILED, "job was stopped outside poolkeeper")
+        return runner(
+            RunnerState.FAILED, "job was stopped outside poolkeeper", failure=Failure.STOPPED
+        )
     if counting is not None and counting.client_status == "running":
         if job.template == policy.template_hash:
             return runner(RunnerState.IDLE, "running")
@@ -99,17 +118,23 @@ def _classify_job(
             f"running template {job.template or '(none)'}, pool wants {policy.template_hash}",
         )
     if job.dead:
-        return runner(RunnerState.FAILED, "job is dead without a running allocation")
+        return failed(Failure.FAILED_TO_START, "job is dead without a running allocation")
     waited_ns = now_ns - starting_since
     if waited_ns >= policy.startup_timeout_seconds * NS_PER_SECOND:
-        return runner(
-            RunnerState.FAILED,
+        return failed(
+            Failure.STARTUP_TIMEOUT,
             f"not running {waited_ns // NS_PER_SECOND} s after start "
             f"(startup timeout {policy.startup_timeout_seconds} s)",
         )
     if counting is None:
         return runner(RunnerState.STARTING, "no live allocation yet")
     return runner(RunnerState.STARTING, "allocation pending")
+
+
+def _newest_failure(allocations: Iterable[AllocationView]) -> str:
+    """Nomad's reason for the newest allocation that failed a task, if any."""
+    failing = [alloc for alloc in allocations if alloc.failure]
+    return max(failing, key=_newest_first).failure if failing else ""
 
 
 def _classify_claimed(

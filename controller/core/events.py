@@ -59,9 +59,10 @@ def allocation_lost(pool: str, runner_id: str, detail: str) -> PoolEvent:
     return PoolEvent(EventKind.ALLOCATION_LOST, pool, message)
 
 
-def breaker_opened(pool: str, failures: int, pause_seconds: float) -> PoolEvent:
+def breaker_opened(pool: str, failures: int, pause_seconds: float, last: str) -> PoolEvent:
     message = (
-        f"runner creation paused for {pause_seconds:g} s after {failures} failed starts in a row"
+        f"runner creation paused for {pause_seconds:g} s after {failures} failed starts "
+        f"in a row; last: {last}"
     )
     return PoolEvent(EventKind.BREAKER_OPENED, pool, message)
 

@@ -13,7 +13,14 @@ from enum import StrEnum
 
 from controller.core.claims import TOMBSTONE_RETENTION, ClaimRecord, ClaimState
 from controller.core.times import to_ns
-from controller.core.views import PoolMode, PoolObservation, PoolPolicy, Runner, RunnerState
+from controller.core.views import (
+    Failure,
+    PoolMode,
+    PoolObservation,
+    PoolPolicy,
+    Runner,
+    RunnerState,
+)
 
 
 class DestroyReason(StrEnum):
@@ -21,6 +28,7 @@ class DestroyReason(StrEnum):
     OUTDATED = "outdated"
     STARTUP_TIMEOUT = "startup_timeout"
     FAILED = "failed"
+    ENDED = "ended"  # ran, then its job ended, or was stopped outside poolkeeper
     EXPIRED = "expired"
     LOST = "lost"
     RELEASED = "released"
@@ -35,6 +43,11 @@ _REASON_OF_TOMBSTONE = {
     ClaimState.EXPIRED: DestroyReason.EXPIRED,
     ClaimState.LOST: DestroyReason.LOST,
     ClaimState.RETIRED: DestroyReason.RETIRED,
+}
+
+_REASON_OF_FAILURE: dict[Failure | None, DestroyReason] = {
+    Failure.STARTUP_TIMEOUT: DestroyReason.STARTUP_TIMEOUT,
+    Failure.FAILED_TO_START: DestroyReason.FAILED,
 }
 
 # With maxRunners leaving no room for replacements, a rollout may take this share of
@@ -121,11 +134,7 @@ def plan(
         elif state is RunnerState.LOST:
             destroy(runner, DestroyReason.LOST, ClaimState.LOST)
         elif state is RunnerState.FAILED:
-            never_started = not (runner.job.stop or runner.job.dead)
-            destroy(
-                runner,
-                DestroyReason.STARTUP_TIMEOUT if never_started else DestroyReason.FAILED,
-            )
+            destroy(runner, _REASON_OF_FAILURE.get(runner.failure, DestroyReason.ENDED))
         elif state is RunnerState.CLAIMED:
             # A malformed claim (claim None) is never destroyed: we cannot CAS what we
             # cannot read, and someone may be using the runner.

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from controller.core.breaker import BreakerState, degraded
 from controller.core.problems import PoolProblem
 from controller.core.times import format_time, parse_time
 from controller.core.views import PoolMode, PoolPolicy, Runner, RunnerState
@@ -157,7 +158,7 @@ def compute_status(
     now: datetime,
     previous: PoolStatus | None,
     observed_generation: int,
-    breaker_open: bool,
+    breaker: BreakerState,
     blocked: PoolProblem | None = None,
     refusal: PoolProblem | None = None,
 ) -> PoolStatus:
@@ -169,7 +170,7 @@ def compute_status(
     wanted = [
         _ready(policy, counts, desired, blocked),
         _progressing(policy, counts, desired, blocked),
-        _degraded(counts, breaker_open),
+        _degraded(counts, breaker),
         _spec_accepted(refusal),
     ]
     conditions = tuple(
@@ -233,14 +234,16 @@ def _progressing(
     return (PROGRESSING, "False", "Stable", f"{counts.idle} of {desired} idle runners")
 
 
-def _degraded(counts: PoolCounts, breaker_open: bool) -> _Wanted:
+def _degraded(counts: PoolCounts, breaker: BreakerState) -> _Wanted:
     malformed = (
         f"{counts.malformed_claims} runners hold unreadable claim variables"
         if counts.malformed_claims
         else ""
     )
-    if breaker_open:
-        message = "runner creation paused after repeated failures"
+    if degraded(breaker):
+        message = f"{breaker.consecutive_failures} failed starts in a row"
+        if breaker.last_failure:
+            message += f"; last: {breaker.last_failure}"
         return (DEGRADED, "True", "CircuitOpen", "; ".join(filter(None, [message, malformed])))
     if malformed:
         return (DEGRADED, "True", "MalformedClaims", malformed)

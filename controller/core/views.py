@@ -8,7 +8,7 @@ fields in some payloads.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -28,6 +28,21 @@ class RunnerState(StrEnum):
     LOST = "lost"
     FAILED = "failed"
     TERMINATING = "terminating"
+
+
+class Failure(StrEnum):
+    """Why a runner is FAILED. Only the first two are failed starts (the circuit breaker
+    counts them): a runner that ran and then ended, or that someone else stopped, is
+    replaced without counting against the pool's image or capacity."""
+
+    STARTUP_TIMEOUT = "startup_timeout"  # never running within startupTimeoutSeconds
+    FAILED_TO_START = "failed_to_start"  # an allocation failed before any task started
+    ENDED = "ended"  # ran, then its job ended (drained, finished, lost with its node)
+    STOPPED = "stopped"  # its job was stopped outside poolkeeper
+
+    @property
+    def failed_start(self) -> bool:
+        return self in (Failure.STARTUP_TIMEOUT, Failure.FAILED_TO_START)
 
 
 class PoolMode(StrEnum):
@@ -81,16 +96,25 @@ class AllocationView:
     modify_time_ns: int
     create_index: int
     restarts: int = 0
+    # Whether any task of it ever started: a runner that once ran and then ended (drained,
+    # lost with its node, finished) did not fail to start.
+    started: bool = False
+    # The last task event that failed a task ("Driver Failure: Failed to pull ..."), if any.
+    failure: str = ""
 
     @classmethod
     def from_stub(cls, stub: Mapping[str, Any]) -> AllocationView:
-        """From an AllocListStub (GET /v1/allocations) or a full allocation."""
+        """From an AllocListStub (GET /v1/allocations?task_states=true) or a full one."""
         restarts = 0
+        started = False
+        failure = ""
         task_states = stub.get("TaskStates")
         if isinstance(task_states, Mapping):
             for state in task_states.values():
                 if isinstance(state, Mapping):
                     restarts += int_field(state, "Restarts")
+                    started = started or _has_started(state)
+                    failure = _last_failure(state) or failure
         return cls(
             id=str_field(stub, "ID"),
             job_id=str_field(stub, "JobID"),
@@ -102,6 +126,8 @@ class AllocationView:
             modify_time_ns=int_field(stub, "ModifyTime"),
             create_index=int_field(stub, "CreateIndex"),
             restarts=restarts,
+            started=started,
+            failure=failure,
         )
 
     @property
@@ -112,6 +138,60 @@ class AllocationView:
         is the seed bug, where the old allocation still reported `running`.
         """
         return self.desired_status == "run" and self.client_status in ("pending", "running")
+
+
+# Go's zero time, which Nomad writes for a task that never started.
+_NEVER = "0001-01-01T00:00:00Z"
+# Task event types that mean the task could not be started.
+_START_FAILURES = frozenset({"Driver Failure", "Setup Failure", "Failed Validation"})
+
+
+def _has_started(task_state: Mapping[str, Any]) -> bool:
+    started_at = task_state.get("StartedAt")
+    return isinstance(started_at, str) and bool(started_at) and started_at != _NEVER
+
+
+def _last_failure(task_state: Mapping[str, Any]) -> str:
+    events = task_state.get("Events")
+    if not isinstance(events, list):
+        return ""
+    for event in reversed(events):
+        if not isinstance(event, Mapping):
+            continue
+        kind = str_field(event, "Type")
+        if event.get("FailsTask") is True or kind in _START_FAILURES:
+            text = (
+                str_field(event, "DisplayMessage")
+                or str_field(event, "DriverError")
+                or str_field(event, "Message")
+            )
+            return f"{kind}: {text}" if text else kind
+    return ""
+
+
+def placement_failure(evaluations: Iterable[Mapping[str, Any]]) -> str:
+    """Why Nomad could not place a job, from its newest evaluation that failed to place
+    an allocation (`FailedTGAllocs`), e.g. `no placement: 3 of 3 nodes exhausted (memory
+    3)`; empty when none says so."""
+    failed = [
+        ev
+        for ev in evaluations
+        if isinstance(ev, Mapping) and isinstance(ev.get("FailedTGAllocs"), Mapping)
+    ]
+    if not failed:
+        return ""
+    newest = max(failed, key=lambda ev: int_field(ev, "ModifyIndex"))
+    parts = []
+    for metric in newest["FailedTGAllocs"].values():
+        if not isinstance(metric, Mapping):
+            continue
+        evaluated = int_field(metric, "NodesEvaluated")
+        part = f"no placement: {int_field(metric, 'NodesExhausted')} of {evaluated} nodes exhausted"
+        dimensions = metric.get("DimensionExhausted")
+        if isinstance(dimensions, Mapping) and dimensions:
+            part += " (" + ", ".join(f"{k} {v}" for k, v in sorted(dimensions.items())) + ")"
+        parts.append(part)
+    return "; ".join(parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,3 +255,5 @@ class Runner:
     starting_since_ns: int
     # The claim variable exists but did not parse: kept as claimed, reported Degraded.
     malformed_claim: bool = False
+    # Why a FAILED runner is unusable; None for the other states.
+    failure: Failure | None = None

@@ -41,9 +41,10 @@ _REPLACED_BECAUSE = {
 @dataclass(frozen=True)
 class Applied:
     created: int = 0
-    create_errors: int = 0
     destroyed: int = 0
     errors: int = 0
+    # Nomad's answers to the registrations it refused (failed starts for the breaker).
+    refused: tuple[str, ...] = ()
 
 
 @dataclass
@@ -77,7 +78,9 @@ class Applier:
                 log.error("pool %s: action failed", managed.key, exc_info=outcome)
         return Applied(
             created=sum(1 for c in creations if c is True),
-            create_errors=sum(1 for c in creations if isinstance(c, BaseException)),
+            refused=tuple(
+                f"registration refused: {c}" for c in creations if isinstance(c, NomadError)
+            ),
             destroyed=sum(1 for o in outcomes[: len(todo.destroy)] if o is True),
             errors=sum(1 for o in (*creations, *outcomes) if isinstance(o, BaseException)),
         )

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 
-from controller.core import breaker as breakers
 from controller.core.status import PoolStatus, compute_status, count, needs_write
 from controller.core.views import Runner
 from controller.engine.registry import ManagedPool
@@ -27,7 +26,7 @@ class Publisher:
             now=now,
             previous=managed.status,
             observed_generation=managed.generation,
-            breaker_open=breakers.degraded(managed.breaker),
+            breaker=managed.breaker,
             blocked=managed.conflict,
             refusal=managed.refusal,
         )

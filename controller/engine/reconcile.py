@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -20,9 +20,16 @@ from controller.claims.store import ClaimStore
 from controller.core import breaker as breakers
 from controller.core.classify import classify
 from controller.core.events import EventSink, breaker_closed, breaker_opened
-from controller.core.plan import DestroyReason, plan
+from controller.core.plan import DestroyReason, Plan, plan
 from controller.core.split import split_observation
-from controller.core.views import JobView, PoolObservation, PoolPolicy, Runner, RunnerState
+from controller.core.views import (
+    JobView,
+    PoolObservation,
+    PoolPolicy,
+    Runner,
+    RunnerState,
+    placement_failure,
+)
 from controller.engine.apply import Applier
 from controller.engine.drains import Drains
 from controller.engine.observe import NamespaceObservation, ViewCache, observe_namespace
@@ -37,6 +44,7 @@ log = logging.getLogger(__name__)
 
 # Runner states whose classification does not depend on the clock (see _classify).
 _CLOCK_FREE_STATES = frozenset({RunnerState.IDLE, RunnerState.OUTDATED, RunnerState.TERMINATING})
+_FAILED_STARTS = frozenset({DestroyReason.STARTUP_TIMEOUT, DestroyReason.FAILED})
 # Abandoned request records are looked for this often (one extra list call per namespace).
 REQUEST_GC_SECONDS = 30.0
 
@@ -189,7 +197,7 @@ class Reconciler:
         policy = managed.policy
         runners = await compute(len(observation.jobs), _classify, managed, policy, observation, now)
         managed.classified_policy = policy
-        started = breakers.count_started(managed.runners, runners)
+        started, managed.seen_running = breakers.newly_running(managed.seen_running, runners)
         managed.runners, managed.observation, managed.observed = tuple(runners), observation, True
         managed.observation_started = observation_started
         self._observed.pop(managed.key, asyncio.Event()).set()
@@ -206,32 +214,49 @@ class Reconciler:
             creation_allowed=breakers.creation_allowed(managed.breaker, now),
         )
         applied = await self.applier.apply(managed, todo, runners, now)
-        # A registration Nomad accepted says nothing about whether the image starts: the
-        # breaker counts runners that reached running as successes, and failed
-        # registrations, failed starts and startup timeouts as failures.
-        start_failures = sum(
-            1
-            for d in todo.destroy
-            if d.reason in (DestroyReason.STARTUP_TIMEOUT, DestroyReason.FAILED)
-        )
-        self._record_breaker(managed, started, applied.create_errors + start_failures, now)
+        failures = [*await self._failed_starts(managed, todo, runners), *applied.refused]
+        self._record_breaker(managed, started, failures, now)
         self.metrics.reconcile_total.labels(
             pool=policy.key, result="error" if applied.errors else "success"
         ).inc()
         await self.publisher.publish(managed, runners, now)
         return _Outcome(applied.created, applied.destroyed, applied.errors)
 
+    async def _failed_starts(
+        self, managed: ManagedPool, todo: Plan, runners: Sequence[Runner]
+    ) -> list[str]:
+        """Nomad's reason for each runner the plan destroys as a failed start. A runner
+        that never got an allocation failed in placement: its evaluations say why (read
+        for the last one only, whose reason the Degraded message shows)."""
+        by_id = {r.id: r for r in runners}
+        failed = [by_id[d.runner_id] for d in todo.destroy if d.reason in _FAILED_STARTS]
+        reasons = [runner.reason for runner in failed]
+        if failed and failed[-1].allocation is None:
+            placement = await self._placement_failure(failed[-1].id, managed.policy)
+            if placement:
+                reasons[-1] = f"{reasons[-1]}: {placement}"
+        return reasons
+
+    async def _placement_failure(self, job_id: str, policy: PoolPolicy) -> str:
+        try:
+            evaluations = await self.port.job_evaluations(job_id, policy.nomad_namespace)
+        except NomadError as error:
+            log.debug("reading the evaluations of %s: %s", job_id, error)
+            return ""
+        return placement_failure(evaluations)
+
     def _record_breaker(
-        self, managed: ManagedPool, successes: int, failures: int, now: datetime
+        self, managed: ManagedPool, successes: int, failures: list[str], now: datetime
     ) -> None:
         before = managed.breaker
         after = breakers.record(before, successes, failures, now)
         managed.breaker = after
         if breakers.degraded(after) and after.open_until != before.open_until:
             pause = after.open_until - now if after.open_until else timedelta(0)
-            self.events(
-                breaker_opened(managed.key, after.consecutive_failures, pause.total_seconds())
+            opened = breaker_opened(
+                managed.key, after.consecutive_failures, pause.total_seconds(), after.last_failure
             )
+            self.events(opened)
         elif breakers.degraded(before) and not breakers.degraded(after):
             self.events(breaker_closed(managed.key))
 

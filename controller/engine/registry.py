@@ -45,6 +45,7 @@ class ManagedPool:
     observed: bool = False
     observation_started: float = 0.0  # time.monotonic() when the last observation began
     classified_policy: PoolPolicy | None = None  # the policy `runners` were classified with
+    seen_running: frozenset[str] = frozenset()  # runners seen running (breaker successes)
 
     @property
     def key(self) -> str:

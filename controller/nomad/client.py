@@ -200,6 +200,13 @@ class NomadClient:
         params = {"namespace": namespace, "meta": "true"}
         return await self._list("/v1/jobs", "/v1/jobs", params)
 
+    async def job_evaluations(self, job_id: str, namespace: str) -> list[dict[str, Any]]:
+        """A job's evaluations (why a runner was not placed); [] for an unknown job."""
+        path = f"/v1/job/{job_id}/evaluations"
+        params = {"namespace": namespace}
+        outcome = await self._call("GET", "/v1/job/:id/evaluations", path, params)
+        return list(outcome.body or [])
+
     async def list_allocations(self, namespace: str) -> list[dict[str, Any]]:
         """The namespace's allocation stubs with task states; consistent read."""
         params = {"namespace": namespace, "task_states": "true"}

@@ -23,6 +23,7 @@ import aiohttp
 import kopf
 from pydantic import ValidationError
 
+from controller.core.breaker import BreakerState
 from controller.core.events import PoolEvent
 from controller.core.problems import PoolProblem
 from controller.core.status import Condition, PoolStatus, compute_status
@@ -409,7 +410,7 @@ def _status_without_pool(known: Registration, generation: int, refusal: PoolProb
         now=utcnow().replace(microsecond=0),
         previous=known.engine_status,
         observed_generation=generation,
-        breaker_open=False,
+        breaker=BreakerState(),
         blocked=refusal,
         refusal=refusal,
     )

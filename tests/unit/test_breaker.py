@@ -9,10 +9,10 @@ import pytest
 from controller.core.breaker import (
     BreakerState,
     backoff,
-    count_started,
     creation_allowed,
     degraded,
     is_open,
+    newly_running,
     record,
 )
 from controller.core.classify import classify
@@ -23,9 +23,9 @@ CLOSED = BreakerState()
 
 
 def test_two_failures_keep_it_closed_the_third_opens() -> None:
-    state = record(CLOSED, 0, 2, NOW)
+    state = record(CLOSED, 0, ["failed"] * 2, NOW)
     assert creation_allowed(state, NOW) and not degraded(state)
-    state = record(state, 0, 1, NOW)
+    state = record(state, 0, ["failed"] * 1, NOW)
     assert is_open(state, NOW) and not creation_allowed(state, NOW) and degraded(state)
     assert state.open_until == NOW + timedelta(seconds=2)
     # open until exactly open_until, then a probe is allowed
@@ -39,7 +39,7 @@ def test_backoff_doubles_per_trip_and_caps_at_five_minutes() -> None:
     now = NOW
     delays = []
     for _ in range(10):
-        state = record(state, 0, 3, now)
+        state = record(state, 0, ["failed"] * 3, now)
         assert state.open_until is not None
         delays.append((state.open_until - now).total_seconds())
         now = state.open_until  # the probe after the pause fails again
@@ -48,17 +48,19 @@ def test_backoff_doubles_per_trip_and_caps_at_five_minutes() -> None:
 
 
 def test_late_failures_while_open_do_not_escalate() -> None:
-    opened = record(CLOSED, 0, 3, NOW)
-    again = record(opened, 0, 5, NOW + timedelta(seconds=1))
+    opened = record(CLOSED, 0, ["failed"] * 3, NOW)
+    again = record(opened, 0, ["failed"] * 5, NOW + timedelta(seconds=1))
     assert again.open_until == opened.open_until and again.trips == opened.trips
     assert again.consecutive_failures == 8
 
 
 def test_a_success_closes_and_resets_the_backoff() -> None:
-    state = record(record(CLOSED, 0, 3, NOW), 0, 3, NOW + timedelta(seconds=2))
-    healed = record(state, 1, 0, NOW + timedelta(seconds=10))
+    state = record(
+        record(CLOSED, 0, ["failed"] * 3, NOW), 0, ["failed"] * 3, NOW + timedelta(seconds=2)
+    )
+    healed = record(state, 1, [], NOW + timedelta(seconds=10))
     assert healed == CLOSED
-    assert record(healed, 0, 3, NOW).open_until == NOW + timedelta(seconds=2)
+    assert record(healed, 0, ["failed"] * 3, NOW).open_until == NOW + timedelta(seconds=2)
 
 
 @pytest.mark.parametrize(
@@ -71,24 +73,27 @@ def test_a_success_closes_and_resets_the_backoff() -> None:
     ],
 )
 def test_mixed_outcomes(before: BreakerState, successes: int, failures: int, opens: bool) -> None:
-    assert is_open(record(before, successes, failures, NOW), NOW) is opens
+    assert is_open(record(before, successes, ["failed"] * failures, NOW), NOW) is opens
+
+
+def test_the_last_failure_is_nomads_reason() -> None:
+    state = record(CLOSED, 0, ["placement: no node", "Driver Failure: pull failed"], NOW)
+    assert state.last_failure == "Driver Failure: pull failed"
+    assert record(state, 1, [], NOW).last_failure == ""
 
 
 def test_nothing_happened_changes_nothing() -> None:
-    state = record(CLOSED, 0, 3, NOW)
-    assert record(state, 0, 0, NOW + timedelta(hours=1)) is state
+    state = record(CLOSED, 0, ["failed"] * 3, NOW)
+    assert record(state, 0, [], NOW + timedelta(hours=1)) is state
 
 
-def test_count_started_sees_runners_that_reached_running() -> None:
+def test_runners_seen_running_for_the_first_time_are_successes() -> None:
+    """Whether or not a pass saw them starting: a runner that went from registration to
+    running between two passes counts too."""
+    first = classify(POLICY, observe([job(4)], [alloc(4, "a4")]), NOW)
+    successes, seen = newly_running(frozenset(), first)
+    assert successes == 1 and seen == {first[0].id}
     submitted = NOW - timedelta(seconds=5)
-    before = classify(
-        POLICY,
-        observe(
-            [job(n, status="pending", submitted=submitted) for n in (1, 2, 3)] + [job(4)],
-            [alloc(4, "a4")],
-        ),
-        NOW,
-    )
     after = classify(
         POLICY,
         observe(
@@ -103,4 +108,6 @@ def test_count_started_sees_runners_that_reached_running() -> None:
         RunnerState.CLAIMED,
         RunnerState.STARTING,
     ]
-    assert count_started(before, after) == 2  # runner 4 was already idle before
+    successes, seen = newly_running(seen, after)
+    assert successes == 2  # runner 4 was running already; 1 and 2 were never seen starting
+    assert newly_running(seen, after)[0] == 0

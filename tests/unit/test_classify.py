@@ -18,11 +18,13 @@ from controller.core.split import split_observation
 from controller.core.times import format_time, parse_time, to_ns
 from controller.core.views import (
     AllocationView,
+    Failure,
     JobView,
     PoolObservation,
     PoolPolicy,
     Runner,
     RunnerState,
+    placement_failure,
 )
 
 NOW = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
@@ -64,6 +66,9 @@ def job(
     )
 
 
+RAN = ("running", "complete", "lost", "unknown")
+
+
 def alloc(
     n: int,
     alloc_id: str,
@@ -74,6 +79,8 @@ def alloc(
     index: int = 10,
     restarts: int = 0,
     prefix: str = "python-",
+    started: bool | None = None,
+    failure: str = "",
 ) -> AllocationView:
     return AllocationView(
         id=alloc_id,
@@ -86,6 +93,9 @@ def alloc(
         modify_time_ns=to_ns(created),
         create_index=index,
         restarts=restarts,
+        # By default an allocation that got past pending has run its task.
+        started=client in RAN if started is None else started,
+        failure=failure,
     )
 
 
@@ -146,6 +156,7 @@ class Case:
     state: RunnerState = RunnerState.IDLE
     allocation: str | None = None
     reason: str = ""
+    failure: Failure | None = None
 
 
 RECENT = NOW - timedelta(seconds=10)
@@ -215,7 +226,7 @@ CASES = [
         "lost alloc without replacement, old job: timed out",
         [job(1, status="pending")],
         [alloc(1, "old", desired="stop", client="lost")],
-        state=RunnerState.FAILED, reason="not running",
+        state=RunnerState.FAILED, reason="not running", failure=Failure.ENDED,
     ),
     Case(
         "failed alloc awaiting reschedule on a recent job",
@@ -227,7 +238,7 @@ CASES = [
         "failed alloc, job dead",
         [job(1, status="dead", submitted=RECENT)],
         [alloc(1, "a", client="failed", created=RECENT)],
-        state=RunnerState.FAILED, reason="dead",
+        state=RunnerState.FAILED, reason="dead", failure=Failure.FAILED_TO_START,
     ),
     Case(
         "failed alloc with a running replacement",
@@ -272,7 +283,7 @@ CASES = [
         "pending alloc 120 s after submit has timed out",
         [job(1, status="pending", submitted=NOW - timedelta(seconds=120))],
         [alloc(1, "a", client="pending", created=NOW - timedelta(seconds=120))],
-        state=RunnerState.FAILED, reason="120 s",
+        state=RunnerState.FAILED, reason="120 s", failure=Failure.STARTUP_TIMEOUT,
     ),
     Case(
         "timeout measured from the newest live alloc, not the old submit",
@@ -285,7 +296,7 @@ CASES = [
         "job stopped outside poolkeeper",
         [job(1, stop=True)],
         [alloc(1, "a")],
-        state=RunnerState.FAILED, reason="stopped",
+        state=RunnerState.FAILED, reason="stopped", failure=Failure.STOPPED,
     ),
     # claims
     Case("live claim on its running alloc", [job(1)], [alloc(1, "a")], [claim(1, "a")],
@@ -363,6 +374,31 @@ CASES = [
         [job(1)], [alloc(1, "a")], malformed=[rid(1)],
         state=RunnerState.CLAIMED,
     ),
+    # Why a runner failed: only a runner that never ran failed to start.
+    Case(
+        "drained: the job ended after its runner ran",
+        [job(1, status="dead")], [alloc(1, "a", desired="stop", client="complete")],
+        state=RunnerState.FAILED, failure=Failure.ENDED,
+    ),
+    Case(
+        "never ran: the job is dead, Nomad's reason is kept",
+        [job(1, status="dead", submitted=RECENT)],
+        [alloc(1, "a", client="failed", failure="Driver Failure: Failed to pull image")],
+        state=RunnerState.FAILED, failure=Failure.FAILED_TO_START,
+        reason="Driver Failure: Failed to pull image",
+    ),
+    Case(
+        "lost with its node, the replacement not running in time: not a failed start",
+        [job(1)],
+        [alloc(1, "old", desired="stop", client="lost"),
+         alloc(1, "new", client="pending", created=NOW - timedelta(minutes=5), index=20)],
+        state=RunnerState.FAILED, failure=Failure.ENDED,
+    ),
+    Case(
+        "never placed within the startup timeout",
+        [job(1, status="pending", submitted=NOW - timedelta(minutes=5))],
+        state=RunnerState.FAILED, failure=Failure.STARTUP_TIMEOUT, reason="startup timeout",
+    ),
 ]  # fmt: skip
 
 
@@ -375,6 +411,7 @@ def test_classify(case: Case) -> None:
     if case.allocation is not None or case.state is RunnerState.STARTING:
         assert (runner.allocation.id if runner.allocation else None) == case.allocation
     assert case.reason in runner.reason
+    assert runner.failure is case.failure
 
 
 def test_malformed_claim_is_flagged_for_status() -> None:
@@ -462,6 +499,50 @@ def test_allocation_from_stub_sums_task_restarts() -> None:
     view = AllocationView.from_stub(stub)
     assert view.restarts == 3 and view.live and view.create_index == 7
     assert AllocationView.from_stub({"ID": "a", "TaskStates": None}).restarts == 0
+
+
+def event(kind: str, message: str, fails: bool = False) -> dict[str, Any]:
+    return {"Type": kind, "DisplayMessage": message, "FailsTask": fails}
+
+
+@pytest.mark.parametrize(
+    ("task_states", "started", "failure"),
+    [
+        ({"runner": {"StartedAt": None, "Events": []}}, False, ""),
+        ({"runner": {"StartedAt": "0001-01-01T00:00:00Z"}}, False, ""),  # Go's zero time
+        ({"runner": {"StartedAt": "2026-12-01T09:00:00.5Z"}}, True, ""),
+        (
+            {"runner": {"Events": [event("Received", "received"),
+                                   event("Driver Failure", "Failed to pull `img`")]}},
+            False,
+            "Driver Failure: Failed to pull `img`",
+        ),
+        (  # the newest failing event wins; Terminated with FailsTask counts too
+            {"runner": {"StartedAt": "2026-12-01T09:00:00Z",
+                        "Events": [event("Driver Failure", "first"), event("Started", "ok"),
+                                   event("Terminated", "Exit Code: 1", fails=True)]}},
+            True,
+            "Terminated: Exit Code: 1",
+        ),
+        ({"runner": {"Events": "not a list"}}, False, ""),
+    ],
+)  # fmt: skip
+def test_allocation_from_stub_reads_whether_it_ran_and_why_it_failed(
+    task_states: dict[str, Any], started: bool, failure: str
+) -> None:
+    view = AllocationView.from_stub({"ID": "a", "TaskStates": task_states})
+    assert (view.started, view.failure) == (started, failure)
+
+
+def test_placement_failure_reads_the_newest_failed_evaluation() -> None:
+    metric = {"NodesEvaluated": 3, "NodesExhausted": 3, "DimensionExhausted": {"memory": 3}}
+    evaluations = [
+        {"ModifyIndex": 5, "FailedTGAllocs": {"runner": {"NodesEvaluated": 1}}},
+        {"ModifyIndex": 9, "FailedTGAllocs": {"runner": metric}},
+        {"ModifyIndex": 12, "Status": "complete"},
+    ]
+    assert placement_failure(evaluations) == "no placement: 3 of 3 nodes exhausted (memory 3)"
+    assert placement_failure([{"Status": "complete"}]) == ""
 
 
 @pytest.mark.parametrize(

@@ -135,9 +135,9 @@ CASES = [
          {1: S.FAILED, 2: S.FAILED}),
     Case("breaker open: no creation, destroys still planned",
          D3, [timed_out(1)], 0, {1: S.STARTUP_TIMEOUT}, creation_allowed=False),
-    Case("failed runners destroyed and replaced in one tick",
+    Case("failed runners destroyed and replaced in one tick; a stopped job is no failed start",
          policy(desired_idle=2), [timed_out(1), stopped(2)], 2,
-         {1: S.STARTUP_TIMEOUT, 2: S.FAILED}),
+         {1: S.STARTUP_TIMEOUT, 2: S.ENDED}),
     # scale down
     Case("scale down prefers starting, then the newest idle",
          policy(desired_idle=1),

@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
+from controller.core.breaker import BreakerState
 from controller.core.claims import ClaimState
 from controller.core.classify import classify
 from controller.core.problems import PoolProblem, Problem
@@ -72,12 +73,16 @@ def runners_of(
     return classify(POLICY, observe(jobs, allocs, claims, bad), NOW)
 
 
+CLOSED = BreakerState()
+OPEN = BreakerState(3, None, 1, "Driver Failure: Failed to pull image")
+
+
 def status(
     runners: list[Runner],
     *,
     policy: PoolPolicy = POLICY,
     previous: PoolStatus | None = None,
-    breaker_open: bool = False,
+    breaker: BreakerState = CLOSED,
     blocked: PoolProblem | None = None,
     refusal: PoolProblem | None = None,
     now: datetime | None = None,
@@ -88,7 +93,7 @@ def status(
         now=LATER if now is None else now,
         previous=previous,
         observed_generation=7,
-        breaker_open=breaker_open,
+        breaker=breaker,
         blocked=blocked,
         refusal=refusal,
     )
@@ -170,7 +175,7 @@ def test_to_dict_has_the_contract_fields() -> None:
             {"idle": 2, "outdated": 1},
             {"Ready": ("True", "IdleRunnersAvailable"), "Progressing": ("True", "RollingUpdate")},
         ),
-        ({"breaker_open": True}, {"idle": 3}, {"Degraded": ("True", "CircuitOpen")}),
+        ({"breaker": OPEN}, {"idle": 3}, {"Degraded": ("True", "CircuitOpen")}),
         ({}, {"idle": 3, "malformed": 1}, {"Degraded": ("True", "MalformedClaims")}),
         (
             {"blocked": PoolProblem(Problem.PREFIX_CONFLICT, "python- is used by default/other")},
@@ -208,10 +213,11 @@ def test_conditions(
     assert {k: got[k] for k in expected} == expected
 
 
-def test_degraded_message_names_both_problems() -> None:
-    s = status(runners_of(idle=3, malformed=2), breaker_open=True)
+def test_degraded_message_names_both_problems_and_nomads_reason() -> None:
+    s = status(runners_of(idle=3, malformed=2), breaker=OPEN)
     degraded = next(c for c in s.conditions if c.type == "Degraded")
-    assert "paused" in degraded.message and "2 runners" in degraded.message
+    assert "3 failed starts" in degraded.message and "2 runners" in degraded.message
+    assert "Driver Failure: Failed to pull image" in degraded.message
 
 
 def test_transition_time_moves_only_when_status_flips() -> None:
@@ -235,7 +241,7 @@ def test_status_changed_ignores_only_reconcile_time() -> None:
     assert status_changed(None, b)
     c = status(runners_of(idle=2), previous=a, now=LATER)
     assert status_changed(a, c)
-    d = status(runners_of(idle=3), previous=a, now=LATER, breaker_open=True)
+    d = status(runners_of(idle=3), previous=a, now=LATER, breaker=OPEN)
     assert status_changed(a, d)
 
 

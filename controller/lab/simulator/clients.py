@@ -38,9 +38,12 @@ class Clients:
         group = next(g for g in alloc["Job"]["TaskGroups"] if g["Name"] == alloc["TaskGroup"])
         now = now_ns()
         received = _task_event("Received", now, "Task received by client")
-        if "*" in self.fail_images or self.fail_images & set(group_images(group)):
-            failure = _task_event("Driver Failure", now, "simulated start failure", fails=True)
-            failure["DriverError"] = "simulated start failure"
+        images = group_images(group)
+        if "*" in self.fail_images or self.fail_images & set(images):
+            # What the docker driver reports for an image it cannot pull.
+            error = f"Failed to pull `{images[0] if images else ''}`: simulated start failure"
+            failure = _task_event("Driver Failure", now, error, fails=True)
+            failure["DriverError"] = error
             tasks = _task_states(alloc, "dead", True, [received, failure])
             self._update(alloc, "failed", "Failed tasks", tasks)
             return

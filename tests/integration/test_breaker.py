@@ -1,0 +1,118 @@
+"""The creation breaker counts failed starts only: Nomad's routine work on healthy runners
+(drains, lost nodes, reschedules, restarts) never raises Degraded; failing starts open it,
+with Nomad's reason, and it closes once starts succeed again."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from controller.core.views import RunnerState
+from controller.lab.simulator import Simulator
+from controller.standalone import Controller
+
+from .conftest import Harness, pool_doc, wait_until, write_pools
+
+KEY = "default/py"
+IDLE = 4
+
+
+def degraded(controller: Controller) -> tuple[str, str, str]:
+    view = controller.engine.pools[KEY]
+    condition = view.status.condition("Degraded") if view.status else None
+    assert condition is not None
+    return condition.status, condition.reason, condition.message
+
+
+def destroyed(controller: Controller, reason: str) -> float:
+    labels = {"pool": KEY, "reason": reason}
+    value = controller.metrics.registry.get_sample_value(
+        "poolkeeper_runners_destroyed_total", labels
+    )
+    return value or 0.0
+
+
+def idle_allocations(controller: Controller) -> list[str]:
+    return [
+        r.allocation.id
+        for r in controller.engine.pools[KEY].runners
+        if r.state is RunnerState.IDLE and r.allocation is not None
+    ]
+
+
+async def drain(sim: Simulator, controller: Controller) -> None:
+    # Batch allocations are left to finish until the deadline, then stopped unreplaced.
+    await sim.drain_node(sim.node_names()[0], deadline_seconds=0.5)
+
+
+async def node_down(sim: Simulator, controller: Controller) -> None:
+    await sim.node_down(sim.node_names()[0])
+
+
+async def reschedule(sim: Simulator, controller: Controller) -> None:
+    for alloc_id in idle_allocations(controller)[:2]:
+        await sim.reschedule_allocation(alloc_id)
+
+
+async def oom_restart(sim: Simulator, controller: Controller) -> None:
+    for alloc_id in idle_allocations(controller)[:2]:
+        await sim.oom_restart(alloc_id)
+
+
+async def reannounce(sim: Simulator, controller: Controller) -> None:
+    for alloc_id in idle_allocations(controller):
+        await sim.reannounce_allocation(alloc_id)
+
+
+Fault = Callable[[Simulator, Controller], Awaitable[None]]
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [drain, node_down, reschedule, oom_restart, reannounce],
+    ids=lambda fault: fault.__name__,
+)
+async def test_routine_nomad_work_never_degrades_a_pool(
+    harness: Harness, tmp_path: Path, fault: Fault
+) -> None:
+    pools = write_pools(tmp_path / "p.yaml", pool_doc("py", idle=IDLE, max_runners=12))
+    controller = await harness.start(pools, resync_seconds=0.5)
+    await harness.settled(controller)
+    await fault(harness.sim, controller)
+    seen: set[str] = set()
+    # Sample through the fault and its repair: Degraded must stay False throughout.
+    for _ in range(40):
+        await asyncio.sleep(0.1)
+        seen.add(degraded(controller)[0])
+    await harness.settled(controller)
+    seen.add(degraded(controller)[0])
+    assert seen == {"False"}, degraded(controller)
+    assert destroyed(controller, "failed") == destroyed(controller, "startup_timeout") == 0
+
+
+async def test_failing_starts_open_the_breaker_with_nomads_reason_and_it_closes(
+    harness: Harness, tmp_path: Path
+) -> None:
+    harness.sim.fail_starts("*", on=True)
+    pools = write_pools(tmp_path / "p.yaml", pool_doc("py", idle=2, max_runners=12))
+    controller = await harness.start(pools, resync_seconds=0.5)
+
+    async def is_open() -> bool:
+        await controller.engine.reconcile_namespace("default")
+        return degraded(controller)[:2] == ("True", "CircuitOpen")
+
+    await wait_until(is_open, what="the breaker to open")
+    message = degraded(controller)[2]
+    assert "failed starts in a row" in message
+    assert "Driver Failure: Failed to pull `python:3.12-slim`" in message, message
+    harness.sim.fail_starts("*", on=False)
+
+    async def closed() -> bool:
+        return degraded(controller)[0] == "False"
+
+    # The next probe, at most the breaker's pause later, starts and closes it.
+    await wait_until(closed, within=30, what="the breaker to close once starts succeed")
+    await harness.settled(controller)
