@@ -30,30 +30,92 @@ def _command(module: str) -> Callable[[argparse.Namespace], int]:
     return run
 
 
+NOMAD_ENVIRONMENT = """Nomad is reached as the nomad CLI reaches it:
+  NOMAD_ADDR         address (default http://127.0.0.1:4646)
+  NOMAD_TOKEN        ACL token (never logged)
+  NOMAD_NAMESPACE    the controller's own namespace (drain records); default "default"
+  NOMAD_REGION       region
+  NOMAD_CACERT       CA certificate file or folder for https
+  NOMAD_CLIENT_CERT  client certificate for mutual TLS
+  NOMAD_CLIENT_KEY   its key
+  NOMAD_SKIP_VERIFY  true to skip TLS verification (not for production)
+API tokens: --api-token-file, and POOLKEEPER_API_TOKENS (one per line)."""
+
+
+def _controller_options(command: argparse.ArgumentParser, listen: str) -> None:
+    """The options `run` and `operator` share."""
+    command.add_argument(
+        "--listen", default=listen, help=f"HOST:PORT of the HTTP API, health and metrics ({listen})"
+    )
+    command.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=10.0,
+        help="a pass over every pool at least this often, events or not (10)",
+    )
+    auth = command.add_mutually_exclusive_group()
+    auth.add_argument(
+        "--api-token-file",
+        metavar="FILE",
+        help="API bearer tokens, one per line (reread on SIGHUP)",
+    )
+    auth.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="serve the /v1 API without any token (development only)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="poolkeeper", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    keep_layout = argparse.RawDescriptionHelpFormatter
 
-    run = commands.add_parser("run", help="standalone controller reading pools from YAML")
-    run.add_argument("--pools", required=True, help="a RunnerPool YAML file or a folder")
-    run.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT of the HTTP API")
-    run.add_argument("--resync-seconds", type=float, default=10.0)
-    auth = run.add_mutually_exclusive_group()
-    auth.add_argument("--api-token-file")
-    auth.add_argument("--insecure-no-auth", action="store_true")
-    run.add_argument("--no-reconcile", action="store_true", help="serve the API only")
-    run.add_argument("--prune", action="store_true", help="drain orphaned runner jobs")
+    run = commands.add_parser(
+        "run",
+        help="standalone controller reading pools from YAML",
+        epilog=NOMAD_ENVIRONMENT,
+        formatter_class=keep_layout,
+    )
+    run.add_argument(
+        "--pools", required=True, metavar="PATH", help="a RunnerPool YAML file or a folder of them"
+    )
+    _controller_options(run, "127.0.0.1:8080")
+    run.add_argument(
+        "--no-reconcile",
+        action="store_true",
+        help="serve claims only (a replica beside one reconciling process)",
+    )
+    run.add_argument(
+        "--prune", action="store_true", help="drain runner jobs of pools defined nowhere"
+    )
+    run.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="let a reload that defines no pool remove every pool (refused otherwise)",
+    )
     run.set_defaults(handler=_command("controller.standalone"))
 
-    operator = commands.add_parser("operator", help="the controller as a Kubernetes operator")
+    validate = commands.add_parser(
+        "validate", help="check pool files as run loads them, without Nomad"
+    )
+    validate.add_argument(
+        "--pools", required=True, metavar="PATH", help="a RunnerPool YAML file or a folder of them"
+    )
+    validate.set_defaults(handler=_command("controller.validate_command"))
+
+    operator = commands.add_parser(
+        "operator",
+        help="the controller as a Kubernetes operator",
+        epilog=NOMAD_ENVIRONMENT,
+        formatter_class=keep_layout,
+    )
     scope = operator.add_mutually_exclusive_group()
     scope.add_argument("--namespace", action="append", help="watch this namespace (repeatable)")
-    scope.add_argument("--all-namespaces", action="store_true")
-    operator.add_argument("--listen", default="0.0.0.0:8080", help="HOST:PORT of the HTTP API")
-    operator.add_argument("--resync-seconds", type=float, default=10.0)
-    operator_auth = operator.add_mutually_exclusive_group()
-    operator_auth.add_argument("--api-token-file")
-    operator_auth.add_argument("--insecure-no-auth", action="store_true")
+    scope.add_argument(
+        "--all-namespaces", action="store_true", help="watch every namespace (the default)"
+    )
+    _controller_options(operator, "0.0.0.0:8080")
     operator.add_argument("--peering", help="kopf peering object for active/passive HA")
     operator.add_argument(
         "--priority", type=int, help="peering priority (default: random, distinct per replica)"
@@ -75,23 +137,29 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="a scripted story on the simulator")
     demo.set_defaults(handler=_command("controller.lab.demo"))
 
-    bench = commands.add_parser("bench", help="the benchmarks")
-    bench.add_argument("--quick", action="store_true")
-    bench.add_argument("--json", dest="json_file")
+    bench = commands.add_parser("bench", help="the benchmarks (docs/performance.md)")
+    bench.add_argument("--quick", action="store_true", help="small sizes, under a minute")
+    bench.add_argument("--json", dest="json_file", metavar="FILE", help="write the results here")
     bench.set_defaults(handler=_command("controller.lab.bench"))
 
-    chaos = commands.add_parser("chaos", help="the chaos soak")
-    chaos.add_argument("--minutes", type=float, default=5.0)
-    chaos.add_argument("--seed", type=int, default=1)
-    chaos.add_argument("--json", dest="json_file")
+    chaos = commands.add_parser("chaos", help="the chaos soak (docs/reliability.md)")
+    chaos.add_argument("--minutes", type=float, default=5.0, help="how long to soak (5)")
+    chaos.add_argument("--seed", type=int, default=1, help="the faults' random seed (1)")
+    chaos.add_argument("--json", dest="json_file", metavar="FILE", help="write the report here")
     chaos.add_argument("--markdown", help="write docs/reliability.md from the report")
     chaos.add_argument("--workdir", help="keep the controller logs in this folder")
     chaos.set_defaults(handler=_command("controller.lab.chaos"))
 
     status = commands.add_parser("status", help="a live table of a controller's pools")
-    status.add_argument("--url", default="http://127.0.0.1:8080")
-    status.add_argument("--token-file")
-    status.add_argument("--watch", action="store_true")
+    status.add_argument(
+        "--url", default="http://127.0.0.1:8080", help="the controller (http://127.0.0.1:8080)"
+    )
+    status.add_argument(
+        "--token-file", metavar="FILE", help="its API token (else POOLKEEPER_TOKEN)"
+    )
+    status.add_argument(
+        "--watch", action="store_true", help="refresh every 2 s; errors are shown, not fatal"
+    )
     status.set_defaults(handler=_command("controller.status_command"))
     return parser
 

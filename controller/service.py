@@ -138,9 +138,20 @@ class Service:
         )
         await self._runner.setup()
         host, port = self.service_settings.listen
-        await web.TCPSite(self._runner, host, port).start()
+        try:
+            await web.TCPSite(self._runner, host, port).start()
+        except OSError as error:
+            await self._runner.cleanup()
+            self._runner = None
+            reason = os.strerror(error.errno) if error.errno else str(error)
+            raise UsageError(f"--listen {host}:{port}: {reason}") from None
         self.url = f"http://{host}:{self._runner.addresses[0][1]}"
         log.info("poolkeeper listening on %s", self.url)
+        if not self.tokens.enabled:
+            log.warning(
+                "--insecure-no-auth: the /v1 API takes claims from anyone who can reach %s",
+                self.url,
+            )
         return self.url
 
     async def resume_drains(self, keep_going: Callable[[], bool] = lambda: True) -> None:

@@ -25,7 +25,7 @@ from controller.service import (
 from controller.sources.files import ConfigError as PoolPathError
 from controller.sources.files import load_pools
 from controller.sources.registration import removal
-from controller.sources.reload import reload
+from controller.sources.reload import reload, summary
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Settings(ServiceSettings):
     pools_path: Path = Path("pools.yaml")
+    allow_empty: bool = False  # a reload that defines no pool removes every pool
 
 
 class Controller(Service):
@@ -72,8 +73,16 @@ class Controller(Service):
             return
         for problem in result.errors:
             log.error("%s", problem)
+        outcome = reload(
+            {} if initial else self.pools, result, allow_empty=self.settings.allow_empty
+        )
+        if outcome.refused_empty:
+            log.error(
+                "reload refused: %s defines no pool; pass --allow-empty to remove every pool",
+                self.settings.pools_path,
+            )
+            return
         self.engine.set_protected({e.key for e in result.errors if e.key})
-        outcome = reload({} if initial else self.pools, result)
         for refused in outcome.refused:
             log.error("%s", refused)
         for pool in outcome.pools.values():
@@ -91,6 +100,7 @@ class Controller(Service):
         self.pools = dict(outcome.pools)
         self.refusals = dict(outcome.refusals)
         if not initial:
+            log.info("reloaded %s: %s", self.settings.pools_path, summary(outcome))
             self.sync_watchers()
 
     def reload(self) -> None:
@@ -113,6 +123,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         insecure_no_auth=args.insecure_no_auth,
         reconcile=not args.no_reconcile,
         prune=args.prune,
+        allow_empty=args.allow_empty,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -20,3 +21,15 @@ class Problem(StrEnum):
 class PoolProblem:
     kind: Problem
     message: str
+
+
+def prefix_owners(pools: Iterable[tuple[str, str, str]]) -> dict[str, str]:
+    """For pools given as (key, Nomad namespace, job prefix) in registration order: each
+    pool that conflicts, mapped to the earlier pool that owns its prefix."""
+    owners: dict[tuple[str, str], str] = {}
+    conflicts: dict[str, str] = {}
+    for key, namespace, prefix in pools:
+        owner = owners.setdefault((namespace, prefix), key)
+        if owner != key:
+            conflicts[key] = owner
+    return conflicts

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from controller.core import breaker as breakers
 from controller.core.events import EventSink, prefix_conflict
-from controller.core.problems import PoolProblem, Problem
+from controller.core.problems import PoolProblem, Problem, prefix_owners
 from controller.core.runner_ids import is_runner_id
 from controller.core.status import PoolStatus
 from controller.core.views import PoolMode, PoolObservation, PoolPolicy, Runner
@@ -177,14 +177,17 @@ class PoolRegistry:
         return min(matching, key=lambda m: (m.conflict is not None, m.order), default=None)
 
     def _resolve_conflicts(self) -> None:
-        owners: dict[tuple[str, str], ManagedPool] = {}
-        for managed in sorted(self._pools.values(), key=lambda m: m.order):
-            slot = (managed.policy.nomad_namespace, managed.policy.job_prefix)
-            owner = owners.setdefault(slot, managed)
-            if owner is managed:
+        in_order = sorted(self._pools.values(), key=lambda m: m.order)
+        owners = prefix_owners(
+            (m.key, m.policy.nomad_namespace, m.policy.job_prefix) for m in in_order
+        )
+        for managed in in_order:
+            owner = owners.get(managed.key)
+            if owner is None:
                 managed.conflict = None
                 continue
-            found = prefix_conflict(managed.key, owner.key, slot[1], slot[0])
+            policy = managed.policy
+            found = prefix_conflict(managed.key, owner, policy.job_prefix, policy.nomad_namespace)
             if managed.conflict is None:
                 self._events(found)
             managed.conflict = PoolProblem(Problem.PREFIX_CONFLICT, found.message)

@@ -36,7 +36,8 @@ class PoolFileError:
     key: str | None = None
 
     def __str__(self) -> str:
-        where = f"{self.file} document {self.document}"
+        """`file:document: field: message`, documents counted from 0."""
+        where = f"{self.file}:{self.document}"
         return (
             f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
         )

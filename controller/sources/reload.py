@@ -36,13 +36,37 @@ class ReloadOutcome:
     kept: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     refusals: dict[str, PoolProblem] = field(default_factory=dict)
+    # The load defined no pool at all while pools run: nothing changed (see reload).
+    refused_empty: bool = False
     # Every problem: the load's errors, then the refused immutable changes.
     errors: list[PoolFileError] = field(default_factory=list)
     # Only the refused immutable changes (the load's own errors are in LoadResult.errors).
     refused: list[PoolFileError] = field(default_factory=list)
 
 
-def reload(previous: Mapping[str, RunnerPool], result: LoadResult) -> ReloadOutcome:
+def summary(outcome: ReloadOutcome) -> str:
+    """One line for the log: what a reload added, changed, removed and refused."""
+    parts = [
+        f"{what} {', '.join(keys)}"
+        for what, keys in (
+            ("added", outcome.added),
+            ("changed", outcome.updated),
+            ("removed", outcome.removed),
+            ("refused", list(outcome.refusals)),
+        )
+        if keys
+    ]
+    return "; ".join(parts) if parts else "no change"
+
+
+def reload(
+    previous: Mapping[str, RunnerPool], result: LoadResult, *, allow_empty: bool = False
+) -> ReloadOutcome:
+    """A load that would leave no pool at all while pools run (a file truncated by a
+    config tool mid-update looks exactly like that) changes nothing, unless
+    `allow_empty`: removing every pool must be asked for."""
+    if previous and not result.locations and not result.errors and not allow_empty:
+        return ReloadOutcome(pools=dict(previous), kept=list(previous), refused_empty=True)
     outcome = ReloadOutcome(pools={}, errors=list(result.errors))
     valid = {pool.key: pool for pool in result.pools}
     problems: dict[str, list[str]] = {}

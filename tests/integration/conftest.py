@@ -93,6 +93,7 @@ class Harness:
         resync_seconds: float = 1.0,
         reconcile: bool = True,
         prune: bool = False,
+        allow_empty: bool = False,
         clock: Clock = utcnow,
     ) -> Controller:
         tokens = self.tmp_path / "tokens"
@@ -104,6 +105,7 @@ class Harness:
             token_file=tokens,
             reconcile=reconcile,
             prune=prune,
+            allow_empty=allow_empty,
         )
         controller = Controller(
             settings, NomadConfig.from_env({"NOMAD_ADDR": self.server.url}), clock=clock

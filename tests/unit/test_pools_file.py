@@ -83,7 +83,7 @@ def test_error_string_names_file_document_and_field(tmp_path: Path) -> None:
         "metadata: {name: c}\nspec: {idleRunners: 1, runner: {}}\n",
     )
     (error,) = load_pools(file).errors
-    assert str(error) == f"{file} document 2: spec.runner.image: field required"
+    assert str(error) == f"{file}:2: spec.runner.image: field required"
 
 
 def test_folder_reads_yaml_and_yml_sorted_not_recursive(tmp_path: Path) -> None:
@@ -115,7 +115,7 @@ def test_syntax_error_reports_the_file_and_keeps_the_others(tmp_path: Path) -> N
     (error,) = result.errors
     assert (error.file, error.document, error.field, error.key) == (broken, 1, "", None)
     assert "YAML syntax error" in error.message and "line " in error.message
-    assert str(error).startswith(f"{broken} document 1: YAML syntax error")
+    assert str(error).startswith(f"{broken}:1: YAML syntax error")
     assert not result.complete
 
 
