@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from controller.lab.simulator.cluster import Simulator
 
 
+# The query parameters that make a PUT a lock operation (`?lock-acquire`, no value).
+LOCK_OPERATIONS = ("lock-acquire", "lock-renew", "lock-release")
+
+
 class VariableRoutes:
     def __init__(self, sim: Simulator) -> None:
         self.sim = sim
@@ -68,13 +72,25 @@ class VariableRoutes:
     async def var_put(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
+        operations = [op for op in LOCK_OPERATIONS if op in request.query]
+        if len(operations) > 1:
+            raise bad_request("multiple lock operations")
         body = await read_json(request)
         if not isinstance(body, dict):
             raise bad_request("Failed to decode request body: expected a JSON object")
         ns = request.query.get("namespace") or body.get("Namespace") or "default"
-        status, var = self.sim.put_variable(
-            ns, p["path"], body.get("Items"), parse_int(request, "cas")
-        )
+        path, items, lock = p["path"], body.get("Items"), body.get("Lock")
+        operation = operations[0] if operations else None
+        if operation == "lock-renew":
+            lock_id = lock.get("ID") if isinstance(lock, dict) else None
+            meta = self.sim.renew_lock(ns, path, lock_id)
+            return reply(meta, meta["ModifyIndex"])
+        if operation == "lock-acquire":
+            status, var = self.sim.acquire_lock(ns, path, items, lock)
+        elif operation == "lock-release":
+            status, var = self.sim.release_lock(ns, path, lock, items)
+        else:
+            status, var = self.sim.put_variable(ns, path, items, parse_int(request, "cas"), lock)
         return reply(var, var["ModifyIndex"] or self.sim.index, status)
 
     async def var_delete(

@@ -36,6 +36,7 @@ class Simulator:
         heartbeat_seconds: float = 30.0,
         event_buffer_size: int = 100,
         algorithm: str = "binpack",
+        lock_time_scale: float = 1.0,
     ) -> None:
         self.store = Store(seed, event_buffer_size)
         self.scheduler = Scheduler(self.store, algorithm)
@@ -46,7 +47,7 @@ class Simulator:
         self.scheduler.clients = self.clients
         self.clients.nodes = self.node_registry
         self.job_registry = JobRegistry(self.store, self.scheduler)
-        self.variable_registry = VariableRegistry(self.store)
+        self.variable_registry = VariableRegistry(self.store, lock_time_scale)
         self.acl = Acl(self.store, acl_enabled)
         self.api_faults = ApiFaults()
         self.heartbeat_seconds = heartbeat_seconds  # of the event stream
@@ -168,9 +169,9 @@ class Simulator:
         return var_meta(var)
 
     def put_variable(
-        self, namespace: str, path: str, items: Any, cas: int | None
+        self, namespace: str, path: str, items: Any, cas: int | None, lock: Any = None
     ) -> tuple[int, JSON]:
-        return self.variable_registry.put_variable(namespace, path, items, cas)
+        return self.variable_registry.put_variable(namespace, path, items, cas, lock)
 
     def delete_variable(
         self, namespace: str, path: str, cas: int | None
@@ -179,6 +180,15 @@ class Simulator:
 
     def var_keys(self, namespace: str, prefix: str) -> list[VarKey]:
         return self.variable_registry.var_keys(namespace, prefix)
+
+    def acquire_lock(self, namespace: str, path: str, items: Any, lock: Any) -> tuple[int, JSON]:
+        return self.variable_registry.acquire_lock(namespace, path, items, lock)
+
+    def renew_lock(self, namespace: str, path: str, lock_id: Any) -> JSON:
+        return self.variable_registry.renew_lock(namespace, path, lock_id)
+
+    def release_lock(self, namespace: str, path: str, lock: Any, items: Any) -> tuple[int, JSON]:
+        return self.variable_registry.release_lock(namespace, path, lock, items)
 
     # ------------------------------------------------------------------ ACL
     def bootstrap(self) -> JSON:
