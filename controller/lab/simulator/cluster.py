@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from controller.lab.simulator.acl import Acl
+from controller.lab.simulator.acl_policy import Permissions
 from controller.lab.simulator.api import ApiFaults
 from controller.lab.simulator.clients import Clients
 from controller.lab.simulator.jobs import JobRegistry
@@ -208,6 +209,20 @@ class Simulator:
 
     def delete_policy(self, name: str) -> None:
         self.acl.delete_policy(name)
+
+    def permissions(self, token: JSON | None) -> Permissions | None:
+        """What a route's `token` argument may do; None when ACLs are off."""
+        return self.acl.permissions(token)
+
+    def namespace_filter(
+        self, token: JSON | None, namespace: str, capability: str
+    ) -> Callable[[str], bool]:
+        return self.acl.namespace_filter(token, namespace, capability)
+
+    def require(self, token: JSON | None, namespace: str, capability: str) -> None:
+        """For routes: 403 `Permission denied` unless the token has the namespace
+        capability (`alloc-exec`, `read-fs`, ...); nothing when ACLs are off."""
+        self.acl.require(token, namespace, capability)
 
     # ================================================================== faults
     # The /_sim/<name> routes call these by name with their keyword arguments.
