@@ -91,16 +91,11 @@ async def test_acquire_defaults_bounds_and_items(lock_client: Client) -> None:
 async def test_every_conflict_answer(lock_client: Client) -> None:
     c = lock_client
     var = await _acquire(c)
-    zero = {
-        "Namespace": "default",
-        "Path": "poolkeeper/leases/default~pool",
-        "CreateIndex": 0,
-        "CreateTime": 0,
-        "ModifyIndex": 0,
-        "ModifyTime": 0,
-        "Items": None,
-        "Lock": None,
-    }
+    # Nothing of the variable but where it is (the docs' sample conflict body).
+    zero: dict[str, Any] = dict.fromkeys(
+        ("CreateIndex", "CreateTime", "ModifyIndex", "ModifyTime"), 0
+    )
+    zero |= {"Namespace": KEY[0], "Path": KEY[1], "Items": None, "Lock": None}
     wrong = {"Lock": {"ID": "not-the-lock"}}
     assert (await c.put(LEASE, {"Items": {"holder": "b"}}, **ACQUIRE))[:2] == (409, zero)
     assert (await c.put(LEASE, wrong, **RENEW))[:2] == (

@@ -141,11 +141,7 @@ class VariableRegistry:
         if not isinstance(lock_id, str) or not lock_id:
             raise bad_request("missing lock ID")
         key = (namespace, path)
-        current = self.vars.get(key)
-        if current is None:
-            raise ApiError(404, "variable doesn't exist")
-        if "Lock" not in current:
-            raise ApiError(409, "variable doesn't hold a lock")
+        current = self._locked(key)
         held = self.locks.get(key)
         if current["Lock"]["ID"] != lock_id or held is None or held.ttl_timer is None:
             # A lock whose TTL ran out is still in the variable until the lock delay ends.
@@ -163,16 +159,21 @@ class VariableRegistry:
             raise bad_request("missing lock information")
         _check_path(path)
         key = (namespace, path)
-        current = self.vars.get(key)
-        if current is None:
-            raise ApiError(404, "variable doesn't exist")
-        if "Lock" not in current:
-            raise ApiError(409, "variable doesn't hold a lock")
+        current = self._locked(key)
         if current["Lock"]["ID"] != lock_id:
             return 409, _zero_var(namespace, path)
         self._drop_lock(key)
         released = var_meta(self._write(key, current, current["Items"], None))
         return 200, released
+
+    def _locked(self, key: VarKey) -> JSON:
+        """The variable at `key`, which must hold a lock (renew and release)."""
+        current = self.vars.get(key)
+        if current is None:
+            raise ApiError(404, "variable doesn't exist")
+        if "Lock" not in current:
+            raise ApiError(409, "variable doesn't hold a lock")
+        return current
 
     def _ttl_expired(self, key: VarKey, lock_id: str) -> None:
         held = self.locks.get(key)
