@@ -42,6 +42,8 @@ async def test_tokens_and_permissions(acl_client: Client) -> None:
     assert await _as(c, {"Authorization": f"Bearer {secret}"}, "GET", "/v1/jobs") == 200
     assert await _as(c, {"X-Nomad-Token": "not-a-token"}, "GET", "/v1/jobs") == 403
     mgmt = {"X-Nomad-Token": secret}
+    readonly = {"Rules": 'namespace "*" { policy = "read" }'}
+    assert await _as(c, mgmt, "PUT", "/v1/acl/policy/readonly", readonly) == 200
     async with c.session.get(c.url + "/v1/acl/token/self", headers=mgmt) as resp:
         assert (await resp.json())["AccessorID"] == boot["AccessorID"]
     async with c.session.post(

@@ -34,7 +34,7 @@ async def test_cas_conflicts_return_current_variable(client: Client) -> None:
     )
     assert status == 409 and body["ModifyIndex"] == var["ModifyIndex"]
     status, body, _ = await client.put("/v1/var/c/absent", {"Items": {"k": "w"}}, cas=3)
-    assert status == 409 and body["ModifyIndex"] == 0 and body["Path"] == ""
+    assert status == 409 and body["ModifyIndex"] == 0 and body["Path"] == "c/absent"
     status, body, _ = await client.delete("/v1/var/c/one", cas=var["ModifyIndex"] + 1)
     assert status == 409 and body == var
     status, body, _ = await client.delete("/v1/var/c/one", cas=var["ModifyIndex"])

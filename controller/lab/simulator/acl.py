@@ -1,9 +1,30 @@
-"""ACL: bootstrap, tokens and policies (stored and listed; no policy language is evaluated)."""
+"""ACL: bootstrap, tokens, policies, and what a token's policies allow."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from controller.lab.simulator.acl_policy import (
+    MANAGEMENT,
+    Permissions,
+    Policy,
+    PolicyError,
+    parse_policy,
+)
+from controller.lab.simulator.authz import denied
 from controller.lab.simulator.store import Store
-from controller.lab.simulator.util import JSON, bad_request, iso_now, not_found
+from controller.lab.simulator.util import JSON, ApiError, bad_request, iso_now, not_found
+
+# A request without a token acts as this one: the policy named "anonymous", if defined.
+ANONYMOUS_TOKEN: JSON = {
+    "AccessorID": "anonymous",
+    "SecretID": "anonymous",
+    "Name": "Anonymous Token",
+    "Type": "client",
+    "Policies": ["anonymous"],
+    "Roles": None,
+    "Global": False,
+}
 
 
 class Acl:
@@ -14,6 +35,7 @@ class Acl:
         self.tokens: dict[str, JSON] = {}  # by AccessorID
         self.token_by_secret: dict[str, str] = {}
         self.policies: dict[str, JSON] = {}
+        self._parsed: dict[str, Policy] = {}  # policy name -> its rules, parsed when stored
 
     def bootstrap(self) -> JSON:
         if not self.enabled:
@@ -71,6 +93,14 @@ class Acl:
 
     # ------------------------------------------------------------------ policies
     def put_policy(self, name: str, body: JSON) -> None:
+        rules = body.get("Rules", "")
+        try:
+            parsed = parse_policy(rules if isinstance(rules, str) else "")
+        except PolicyError as exc:
+            raise ApiError(
+                400, f"policy 0 invalid: 1 error occurred:\n\t* failed to parse rules: {exc}\n\n"
+            ) from None
+        self._parsed[name] = parsed
         txn = self.store.txn("ACLPolicyUpserted")
         old = self.policies.get(name)
         self.policies[name] = {
@@ -86,9 +116,39 @@ class Acl:
     def delete_policy(self, name: str) -> None:
         if self.policies.pop(name, None) is None:
             raise not_found("ACL policy")
+        del self._parsed[name]
         txn = self.store.txn("ACLPolicyDeleted")
         txn.put("ACLPolicy", name, {"Name": name}, "acl_policy")
         self.store.commit(txn)
+
+    # ------------------------------------------------------------------ evaluation
+    def permissions(self, token: JSON | None) -> Permissions | None:
+        """What `token` may do; None when ACLs are off (everything is allowed)."""
+        if token is None:
+            return None
+        if token["Type"] == "management":
+            return MANAGEMENT
+        names = token.get("Policies") or []
+        # A policy deleted after the token was made grants nothing, as in Nomad.
+        return Permissions(self._parsed[n] for n in names if n in self._parsed)
+
+    def namespace_filter(
+        self, token: JSON | None, namespace: str, capability: str
+    ) -> Callable[[str], bool]:
+        """For lists: whose namespaces' objects `token` sees; 403 when it may see none
+        of `namespace` (`*`: of any namespace)."""
+        permissions = self.permissions(token)
+        if permissions is None:
+            return lambda ns: True
+        if not permissions.allow_namespace_op(namespace, capability):
+            raise denied()
+        return lambda ns: permissions.allow_namespace_op(ns, capability)
+
+    def require(self, token: JSON | None, namespace: str, capability: str) -> None:
+        """403 `Permission denied` unless `token` has `capability` in `namespace`."""
+        permissions = self.permissions(token)
+        if permissions is not None and not permissions.allow_namespace_op(namespace, capability):
+            raise denied()
 
 
 def _token_stub(token: JSON) -> JSON:

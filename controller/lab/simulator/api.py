@@ -12,6 +12,7 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
+from controller.lab.simulator.acl import ANONYMOUS_TOKEN
 from controller.lab.simulator.api_acl import AclRoutes
 from controller.lab.simulator.api_agent import AgentRoutes
 from controller.lab.simulator.api_allocs import AllocRoutes
@@ -19,14 +20,14 @@ from controller.lab.simulator.api_events import EventRoutes
 from controller.lab.simulator.api_jobs import JobRoutes
 from controller.lab.simulator.api_nodes import NodeRoutes
 from controller.lab.simulator.api_vars import VariableRoutes
+from controller.lab.simulator.authz import RULES, Rule, check, denied
 from controller.lab.simulator.util import JSON, ApiError, bad_request
-from controller.lab.simulator.wire import Handler, read_json, reply, text
+from controller.lab.simulator.wire import Handler, namespace_of, read_json, reply, text
 
 if TYPE_CHECKING:
     from controller.lab.simulator.cluster import Simulator
 
 _log = logging.getLogger("poolkeeper.simulator")
-_WRITE_METHODS = {"PUT", "POST", "DELETE"}
 
 # Faults callable over HTTP: POST /_sim/<name> with the keyword arguments as JSON.
 SIM_FAULTS = (
@@ -84,6 +85,9 @@ class Api:
             group.register(self._route)
 
     def _route(self, pattern: str, **methods: Handler) -> None:
+        for handler in methods.values():
+            if handler.__qualname__ not in RULES:
+                raise LookupError(f"no ACL rule for {handler.__qualname__} in authz.RULES")
         self.routes.append((re.compile(pattern + "$"), methods))
 
     # ------------------------------------------------------------------ dispatch
@@ -109,7 +113,7 @@ class Api:
                 handler = methods.get(request.method)
                 if handler is None:
                     return text(405, "Invalid method")
-                token = self.authenticate(request, path)
+                token = self.authenticate(request, _rule_of(handler))
                 params = {k: unquote(v) for k, v in m.groupdict().items()}
                 return await handler(request, params, token)
             return text(404, "404 page not found")
@@ -122,22 +126,23 @@ class Api:
             _log.exception("simulator error on %s %s", request.method, path)
             return text(500, f"rpc error: {exc}")
 
-    def authenticate(self, request: web.Request, path: str) -> JSON | None:
-        """The caller's token; 403 when ACLs are on and it is missing or unknown."""
-        if not self.sim.acl_enabled or path.startswith(("/v1/status/", "/v1/acl/bootstrap")):
+    def authenticate(self, request: web.Request, rule: Rule) -> JSON | None:
+        """The caller's token (None with ACLs off); 403 unless the route's rule allows it.
+
+        A request without a token is the anonymous token; an unknown token is refused.
+        """
+        if not self.sim.acl_enabled or rule.kind == "public":
             return None
         secret = request.headers.get("X-Nomad-Token", "")
         auth = request.headers.get("Authorization", "")
         if not secret and auth.startswith("Bearer "):
             secret = auth[len("Bearer ") :].strip()
-        token = self.sim.token_for(secret) if secret else None
-        if token is None:
-            raise ApiError(403, "Permission denied")
-        if token["Type"] != "management":
-            # Client tokens are treated as read-only (no policy language is simulated).
-            is_acl = path.startswith("/v1/acl/") and path != "/v1/acl/token/self"
-            if request.method in _WRITE_METHODS or is_acl:
-                raise ApiError(403, "Permission denied")
+        token = self.sim.token_for(secret) if secret else ANONYMOUS_TOKEN
+        if token is None or (rule.kind == "token" and token is ANONYMOUS_TOKEN):
+            raise denied()
+        permissions = self.sim.acl.permissions(token)
+        assert permissions is not None
+        check(rule, permissions, namespace_of(request))
         return token
 
     # ------------------------------------------------------------------ /_sim
@@ -165,6 +170,10 @@ class Api:
         except (KeyError, ValueError, StopIteration) as exc:
             raise bad_request(f"{name}: {exc}") from None
         return reply({"Result": result}, self.sim.index)
+
+
+def _rule_of(handler: Handler) -> Rule:
+    return RULES[handler.__qualname__]
 
 
 def build_app(sim: Simulator) -> web.Application:

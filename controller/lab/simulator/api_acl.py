@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from controller.lab.simulator.authz import denied
 from controller.lab.simulator.util import JSON, bad_request, not_found
 from controller.lab.simulator.wire import AddRoute, read_json, reply
 
@@ -92,13 +93,17 @@ class AclRoutes:
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
         stubs = [
-            {k: v for k, v in pol.items() if k != "Rules"} for pol in self.sim.policies.values()
+            {k: v for k, v in pol.items() if k != "Rules"}
+            for pol in self.sim.policies.values()
+            if _may_read_policy(t, pol["Name"])
         ]
         return reply(stubs, self.sim.table_index["acl_policy"])
 
     async def acl_policy_read(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
+        if not _may_read_policy(t, p["id"]):
+            raise denied()
         pol = self.sim.policies.get(p["id"])
         if pol is None:
             raise not_found("ACL policy")
@@ -118,3 +123,8 @@ class AclRoutes:
     ) -> web.Response:
         self.sim.delete_policy(p["id"])
         return web.Response(status=200, headers={"X-Nomad-Index": str(self.sim.index)})
+
+
+def _may_read_policy(token: JSON | None, name: str) -> bool:
+    """Management tokens read every policy, client tokens the ones they carry."""
+    return token is None or token["Type"] == "management" or name in (token["Policies"] or ())

@@ -38,7 +38,12 @@ class AgentRoutes:
     async def namespaces(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        names = sorted({"default", *(k[0] for k in self.sim.jobs)})
+        permissions = self.sim.permissions(t)
+        names = sorted(
+            name
+            for name in {"default", *(k[0] for k in self.sim.jobs)}
+            if permissions is None or permissions.allow_namespace(name)
+        )
         return reply(
             [{"Name": n, "Description": "", "CreateIndex": 1, "ModifyIndex": 1} for n in names], 1
         )

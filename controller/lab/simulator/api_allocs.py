@@ -66,9 +66,12 @@ class AllocRoutes:
         resources = parse_bool(request, "resources")
         per_page = parse_int(request, "per_page") or 0
         reverse = request.query.get("reverse") == "true"
+        visible = self.sim.namespace_filter(t, ns, "read-job")
         allocs: list[JSON] = list(self.sim.allocs.values())
         if ns != "*":
             allocs = [a for a in allocs if a["Namespace"] == ns]
+        elif self.sim.acl_enabled:
+            allocs = [a for a in allocs if visible(a["Namespace"])]
         token_of: Callable[[JSON], Any]
         if prefix:
             allocs = sorted(
@@ -99,11 +102,14 @@ class AllocRoutes:
             return int(alloc["ModifyIndex"]) if alloc else self.sim.table_index["allocs"]
 
         index = await block(self.sim, request, index_of)
-        return reply(alloc_full(self.sim.alloc(p["id"])), index)
+        alloc = self.sim.alloc(p["id"])
+        self.sim.require(t, alloc["Namespace"], "read-job")
+        return reply(alloc_full(alloc), index)
 
     async def alloc_stop(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
+        self.sim.require(t, self.sim.alloc(p["id"])["Namespace"], "alloc-lifecycle")
         out = self.sim.stop_allocation(p["id"], parse_bool(request, "reschedule"))
         return reply(out, out["Index"])
 
@@ -114,10 +120,12 @@ class AllocRoutes:
         keep = query_filter(request)
         ns = namespace_of(request)
         prefix = request.query.get("prefix", "")
+        visible = self.sim.namespace_filter(t, ns, "read-job")
         evals = [
             e
             for e in self.sim.evals.values()
-            if (ns == "*" or e["Namespace"] == ns) and e["ID"].startswith(prefix)
+            if (e["Namespace"] == ns or (ns == "*" and visible(e["Namespace"])))
+            and e["ID"].startswith(prefix)
         ]
         if keep is not None:
             evals = [e for e in evals if keep(e)]
@@ -134,6 +142,7 @@ class AllocRoutes:
         ev = self.sim.evals.get(p["id"])
         if ev is None:
             raise not_found("eval")
+        self.sim.require(t, ev["Namespace"], "read-job")
         return reply(eval_view(ev), index)
 
     async def eval_allocs(
@@ -141,13 +150,17 @@ class AllocRoutes:
     ) -> web.Response:
         index = await block(self.sim, request, table_index(self.sim, "allocs"))
         allocs = [a for a in self.sim.allocs.values() if a["EvalID"] == p["id"]]
+        ev = self.sim.evals.get(p["id"])
+        if ev is not None:
+            self.sim.require(t, ev["Namespace"], "read-job")
         return reply([alloc_stub(a) for a in allocs], index)
 
     async def deployments_list(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
         index = await block(self.sim, request, table_index(self.sim, "deployment"))
-        return reply(list(self.sim.deployments.values()), index)
+        visible = self.sim.namespace_filter(t, namespace_of(request), "read-job")
+        return reply([d for d in self.sim.deployments.values() if visible(d["Namespace"])], index)
 
     async def deployment_read(
         self, request: web.Request, p: dict[str, str], t: JSON | None
@@ -156,6 +169,7 @@ class AllocRoutes:
         dep = self.sim.deployments.get(p["id"])
         if dep is None:
             raise not_found("deployment")
+        self.sim.require(t, dep["Namespace"], "read-job")
         return reply(dep, index)
 
 

@@ -7,14 +7,13 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from controller.lab.simulator.authz import check_topics
 from controller.lab.simulator.events import StreamDropped, TopicFilter
-from controller.lab.simulator.util import JSON, ApiError, bad_request
+from controller.lab.simulator.util import JSON, bad_request
 from controller.lab.simulator.wire import AddRoute, namespace_of, parse_int
 
 if TYPE_CHECKING:
     from controller.lab.simulator.cluster import Simulator
-
-_READ_TOPICS = {"Job", "Allocation", "Evaluation", "Deployment", "Service", "Node", "Variables"}
 
 
 class EventRoutes:
@@ -35,8 +34,9 @@ class EventRoutes:
             topics.setdefault(topic, set()).add(key or "*")
         if not topics:
             topics = {"*": {"*"}}
-        if t is not None and t["Type"] != "management" and not set(topics) <= _READ_TOPICS:
-            raise ApiError(403, "Permission denied")
+        permissions = self.sim.permissions(t)
+        if permissions is not None:
+            check_topics(set(topics), permissions, namespace_of(request))
         index = parse_int(request, "index") or 0
         filt = TopicFilter(topics, namespace_of(request))
         broker = self.sim.broker

@@ -59,7 +59,10 @@ class JobRoutes:
         meta = parse_bool(request, "meta")
         per_page = parse_int(request, "per_page") or 0
         sim = self.sim
-        records = [sim.jobs[k] for k in sim.job_keys(ns) if k[1].startswith(prefix)]
+        visible = sim.namespace_filter(t, ns, "list-jobs")
+        records = [
+            sim.jobs[k] for k in sim.job_keys(ns) if k[1].startswith(prefix) and visible(k[0])
+        ]
         page, next_token = paginate(
             records,
             lambda rec: f"{rec.key[0]}.{rec.key[1]}",
@@ -103,6 +106,7 @@ class JobRoutes:
         if not isinstance(enforce, bool) or not isinstance(jmi, int):
             raise bad_request("Failed to decode request body: EnforceIndex/JobModifyIndex type")
         ns = request.query.get("namespace") or body["Job"].get("Namespace") or "default"
+        self.sim.require(t, ns, "submit-job")
         out = self.sim.register_job(body["Job"], ns, enforce, jmi)
         return reply(out, out["Index"])
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from controller.lab.simulator.acl import Acl
+from controller.lab.simulator.acl_policy import Permissions
 from controller.lab.simulator.api import ApiFaults
 from controller.lab.simulator.clients import Clients
 from controller.lab.simulator.jobs import JobRegistry
@@ -36,6 +37,7 @@ class Simulator:
         heartbeat_seconds: float = 30.0,
         event_buffer_size: int = 100,
         algorithm: str = "binpack",
+        lock_time_scale: float = 1.0,
     ) -> None:
         self.store = Store(seed, event_buffer_size)
         self.scheduler = Scheduler(self.store, algorithm)
@@ -46,7 +48,7 @@ class Simulator:
         self.scheduler.clients = self.clients
         self.clients.nodes = self.node_registry
         self.job_registry = JobRegistry(self.store, self.scheduler)
-        self.variable_registry = VariableRegistry(self.store)
+        self.variable_registry = VariableRegistry(self.store, lock_time_scale)
         self.acl = Acl(self.store, acl_enabled)
         self.api_faults = ApiFaults()
         self.heartbeat_seconds = heartbeat_seconds  # of the event stream
@@ -168,9 +170,9 @@ class Simulator:
         return var_meta(var)
 
     def put_variable(
-        self, namespace: str, path: str, items: Any, cas: int | None
+        self, namespace: str, path: str, items: Any, cas: int | None, lock: Any = None
     ) -> tuple[int, JSON]:
-        return self.variable_registry.put_variable(namespace, path, items, cas)
+        return self.variable_registry.put_variable(namespace, path, items, cas, lock)
 
     def delete_variable(
         self, namespace: str, path: str, cas: int | None
@@ -179,6 +181,15 @@ class Simulator:
 
     def var_keys(self, namespace: str, prefix: str) -> list[VarKey]:
         return self.variable_registry.var_keys(namespace, prefix)
+
+    def acquire_lock(self, namespace: str, path: str, items: Any, lock: Any) -> tuple[int, JSON]:
+        return self.variable_registry.acquire_lock(namespace, path, items, lock)
+
+    def renew_lock(self, namespace: str, path: str, lock_id: Any) -> JSON:
+        return self.variable_registry.renew_lock(namespace, path, lock_id)
+
+    def release_lock(self, namespace: str, path: str, lock: Any, items: Any) -> tuple[int, JSON]:
+        return self.variable_registry.release_lock(namespace, path, lock, items)
 
     # ------------------------------------------------------------------ ACL
     def bootstrap(self) -> JSON:
@@ -198,6 +209,20 @@ class Simulator:
 
     def delete_policy(self, name: str) -> None:
         self.acl.delete_policy(name)
+
+    def permissions(self, token: JSON | None) -> Permissions | None:
+        """What a route's `token` argument may do; None when ACLs are off."""
+        return self.acl.permissions(token)
+
+    def namespace_filter(
+        self, token: JSON | None, namespace: str, capability: str
+    ) -> Callable[[str], bool]:
+        return self.acl.namespace_filter(token, namespace, capability)
+
+    def require(self, token: JSON | None, namespace: str, capability: str) -> None:
+        """For routes: 403 `Permission denied` unless the token has the namespace
+        capability (`alloc-exec`, `read-fs`, ...); nothing when ACLs are off."""
+        self.acl.require(token, namespace, capability)
 
     # ================================================================== faults
     # The /_sim/<name> routes call these by name with their keyword arguments.

@@ -166,12 +166,12 @@ class Store:
             async with asyncio.timeout(seconds):
                 await changed.wait()
 
-    def later(self, delay: float, fn: Callable[..., None], *args: Any) -> None:
+    def later(self, delay: float, fn: Callable[..., None], *args: Any) -> asyncio.Handle:
+        """Run `fn` after `delay` seconds; the handle cancels it (a renewed lock's timer)."""
         loop = asyncio.get_running_loop()
         if delay <= 0:
-            loop.call_soon(fn, *args)
-        else:
-            loop.call_later(delay, fn, *args)
+            return loop.call_soon(fn, *args)
+        return loop.call_later(delay, fn, *args)
 
 
 def _event(etype: str, topic: str, key: str, obj: JSON) -> Event:

@@ -43,6 +43,33 @@ def parse_go_duration(text: str) -> float:
     return sign * total_ns / 1e9
 
 
+def format_go_duration(seconds: float) -> str:
+    """Go's `time.Duration.String()`: "15s", "1m0s", "1h30m0s", "1.5s", "250ms"."""
+    total_ns = round(seconds * 1e9)
+    sign = "-" if total_ns < 0 else ""
+    total_ns = abs(total_ns)
+    if total_ns == 0:
+        return "0s"
+    if total_ns < 1_000_000_000:
+        for unit, size in (("ms", 1_000_000), ("µs", 1_000), ("ns", 1)):
+            if total_ns >= size:
+                return sign + _with_fraction(total_ns, size) + unit
+    hours, rest = divmod(total_ns, 3_600_000_000_000)
+    minutes, rest = divmod(rest, 60_000_000_000)
+    text = _with_fraction(rest, 1_000_000_000) + "s"
+    if hours or minutes:
+        text = f"{minutes}m{text}"
+    if hours:
+        text = f"{hours}h{text}"
+    return sign + text
+
+
+def _with_fraction(value: int, unit: int) -> str:
+    whole, fraction = divmod(value, unit)
+    digits = str(fraction).rjust(len(str(unit)) - 1, "0").rstrip("0")
+    return f"{whole}.{digits}" if digits else str(whole)
+
+
 def now_ns() -> int:
     return time.time_ns()
 

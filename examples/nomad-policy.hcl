@@ -1,0 +1,34 @@
+# The Nomad ACL policy poolkeeper's controller needs: exactly the capabilities it uses.
+#
+#   nomad acl policy apply -description "poolkeeper controller" poolkeeper nomad-policy.hcl
+#   nomad acl token create -name poolkeeper -policy poolkeeper
+#
+# Give one namespace block to each namespace the pools run in ("default" here). The
+# controller also asks GET /v1/status/leader, which needs no capability.
+
+namespace "default" {
+  capabilities = [
+    # GET /v1/jobs?meta=true: the pools' runner jobs and their Meta.
+    "list-jobs",
+    # GET /v1/allocations: the runners' allocations; GET /v1/event/stream with the
+    # Job and Allocation topics: what changed since the last look.
+    "read-job",
+    # POST /v1/jobs (with EnforceIndex) registers runner jobs;
+    # DELETE /v1/job/:id?purge=true purges them.
+    "submit-job",
+    # For the executions feature (commands run inside a runner), not used yet:
+    # "alloc-exec",
+  ]
+
+  variables {
+    # Claims and the pools' leases live under poolkeeper/ (poolkeeper/leases/<ns>~<pool>).
+    #   read:    GET /v1/var/:path
+    #   list:    GET /v1/vars?prefix=poolkeeper/
+    #   write:   PUT /v1/var/:path (with cas), and the leases' ?lock-acquire,
+    #            ?lock-renew and ?lock-release
+    #   destroy: DELETE /v1/var/:path (with cas)
+    path "poolkeeper/*" {
+      capabilities = ["read", "list", "write", "destroy"]
+    }
+  }
+}
