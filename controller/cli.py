@@ -53,6 +53,13 @@ def _controller_options(command: argparse.ArgumentParser, listen: str) -> None:
         default=10.0,
         help="a pass over every pool at least this often, events or not (10)",
     )
+    command.add_argument(
+        "--lease-ttl-seconds",
+        type=float,
+        default=10.0,
+        help="TTL of the pools' leases in Nomad (>= 10, Nomad's minimum); a dead holder's "
+        "pools are taken over within about 2 x TTL + 8 s (10)",
+    )
     auth = command.add_mutually_exclusive_group()
     auth.add_argument(
         "--api-token-file",

@@ -11,6 +11,7 @@ import contextlib
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 RUNNER_STATES = ("idle", "starting", "claimed", "outdated", "terminating")
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "SpecAccepted")
 
 
 class Metrics:
@@ -56,6 +57,18 @@ class Metrics:
             ["endpoint", "code"],
             registry=r,
         )
+        self.pool_condition = Gauge(
+            "poolkeeper_pool_condition",
+            "1 while the pool's status condition of this type is True",
+            ["pool", "type"],
+            registry=r,
+        )
+        self.pool_lease_held = Gauge(
+            "poolkeeper_pool_lease_held",
+            "1 while this process holds the pool's lease (and reconciles it)",
+            ["pool"],
+            registry=r,
+        )
         self.event_stream_up = Gauge(
             "poolkeeper_event_stream_up",
             "1 while the Nomad event stream of a namespace is connected",
@@ -71,13 +84,25 @@ class Metrics:
             self.runners.labels(pool=pool, state=state).set(counts.get(state, 0))
         self.desired_idle.labels(pool=pool).set(desired_idle)
 
+    def set_conditions(self, pool: str, conditions: dict[str, bool]) -> None:
+        for type_, true in conditions.items():
+            self.pool_condition.labels(pool=pool, type=type_).set(1 if true else 0)
+
+    def set_lease_held(self, held: dict[str, bool]) -> None:
+        for pool, holds in held.items():
+            self.pool_lease_held.labels(pool=pool).set(1 if holds else 0)
+
     def forget_pool(self, pool: str) -> None:
         """Drop a removed pool's series so dashboards stop showing it."""
         for state in RUNNER_STATES:
             with contextlib.suppress(KeyError):
                 self.runners.remove(pool, state)
-        with contextlib.suppress(KeyError):
-            self.desired_idle.remove(pool)
+        for gauge in (self.desired_idle, self.pool_lease_held):
+            with contextlib.suppress(KeyError):
+                gauge.remove(pool)
+        for type_ in CONDITION_TYPES:
+            with contextlib.suppress(KeyError):
+                self.pool_condition.remove(pool, type_)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -19,6 +19,8 @@ Bounds beyond the contract's wording (keep the CRD schema in step with them):
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
 from collections.abc import Iterator, Mapping
@@ -288,6 +290,14 @@ class RunnerPool(_Model):
     @property
     def job_prefix(self) -> str:
         return self.spec.job_prefix_for(self.metadata.name)
+
+    @property
+    def spec_hash(self) -> str:
+        """A stable hash of the spec (16 hex characters): two processes reconciling one
+        pool compare theirs through its lease."""
+        spec = self.spec.model_dump(mode="json", by_alias=True)
+        canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     @property
     def nomad_namespace(self) -> str:

@@ -8,6 +8,7 @@ import asyncio
 import functools
 import logging
 import os
+import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from controller.api.app import create_app
 from controller.api.auth import TokenSet, read_token_file
 from controller.claims.service import ClaimService
 from controller.core.events import EventSink, PoolEvent
+from controller.core.leases import DEFAULT_TTL_SECONDS, MIN_TTL_SECONDS
 from controller.core.times import utcnow
 from controller.engine.engine import Clock, Engine
 from controller.engine.publish import StatusSink
@@ -40,6 +42,15 @@ HTTP_IDLE_TIMEOUT_SECONDS = 75.0
 # 5 ms). The engine computes its passes in worker threads while the claim API answers on
 # the loop thread, which then gets the GIL back within this time.
 GIL_SWITCH_SECONDS = 0.0005
+
+
+def lease_ttl(value: float) -> float:
+    if value < MIN_TTL_SECONDS:
+        raise UsageError(
+            f"--lease-ttl-seconds {value:g} is below Nomad's minimum lock TTL of "
+            f"{MIN_TTL_SECONDS:g}"
+        )
+    return value
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -71,6 +82,7 @@ class ServiceSettings:
     insecure_no_auth: bool = False
     reconcile: bool = True
     prune: bool = False
+    lease_ttl_seconds: float = DEFAULT_TTL_SECONDS
 
 
 def read_api_tokens(token_file: Path | None) -> list[str]:
@@ -120,6 +132,8 @@ class Service:
             reconcile=settings.reconcile,
             home_namespace=nomad.namespace or "default",
             prune=settings.prune,
+            identity=self.identity(),
+            lease_ttl_seconds=settings.lease_ttl_seconds,
         )
         self.claims = ClaimService(self.engine)
         self.tokens = TokenSet(
@@ -128,6 +142,10 @@ class Service:
         self.watchers: dict[str, EventWatcher] = {}
         self._runner: web.AppRunner | None = None
         self.url = ""
+
+    def identity(self) -> str:
+        """Who holds a pool's lease, as other processes read it: host and process."""
+        return f"{socket.gethostname()}/{os.getpid()}"
 
     async def serve_api(self, ready: Callable[[], list[str]]) -> str:
         """Start the one listener for API, health and metrics; returns its URL."""

@@ -18,6 +18,7 @@ from controller.nomad.config import NomadConfig
 from controller.service import (
     Service,
     ServiceSettings,
+    lease_ttl,
     nomad_config_from_env,
     parse_listen,
     start_logging,
@@ -124,6 +125,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         reconcile=not args.no_reconcile,
         prune=args.prune,
         allow_empty=args.allow_empty,
+        lease_ttl_seconds=lease_ttl(args.lease_ttl_seconds),
     )
 
 

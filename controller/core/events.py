@@ -30,6 +30,9 @@ class EventKind(Enum):
     BREAKER_OPENED = ("CircuitBreakerOpen", True)
     BREAKER_CLOSED = ("CircuitBreakerClosed", False)
     PREFIX_CONFLICT = ("PrefixConflict", True)
+    LEASE_ACQUIRED = ("LeaseAcquired", False)
+    LEASE_LOST = ("LeaseLost", True)
+    SPEC_DIFFERS = ("SpecDiffersFromHolder", True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,3 +80,22 @@ def prefix_conflict(pool: str, owner: str, job_prefix: str, nomad_namespace: str
         f"by pool {owner}; this pool is not reconciled"
     )
     return PoolEvent(EventKind.PREFIX_CONFLICT, pool, message)
+
+
+def lease_acquired(pool: str, holder: str) -> PoolEvent:
+    return PoolEvent(
+        EventKind.LEASE_ACQUIRED, pool, f"{holder} holds the pool's lease and reconciles it"
+    )
+
+
+def lease_lost(pool: str, holder: str, why: str) -> PoolEvent:
+    message = f"{holder} lost the pool's lease ({why}) and stopped writing the pool"
+    return PoolEvent(EventKind.LEASE_LOST, pool, message)
+
+
+def spec_differs(pool: str, holder: str) -> PoolEvent:
+    message = (
+        f"the pool's holder {holder} reconciles another version of its spec than this "
+        "process; this process only serves claims"
+    )
+    return PoolEvent(EventKind.SPEC_DIFFERS, pool, message)

@@ -15,6 +15,8 @@ class Problem(StrEnum):
     INVALID_SPEC = "InvalidSpec"
     # The newest version changes an immutable field; the last valid version keeps running.
     IMMUTABLE_FIELD_CHANGED = "ImmutableFieldChanged"
+    # Another process holds the pool's lease: it reconciles the pool; this one serves claims.
+    LEASE_HELD_ELSEWHERE = "LeaseHeldElsewhere"
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from controller.core.breaker import BreakerState, degraded
-from controller.core.problems import PoolProblem
+from controller.core.leases import LeaseState
+from controller.core.problems import PoolProblem, Problem
 from controller.core.times import format_time, parse_time
 from controller.core.views import PoolMode, PoolPolicy, Runner, RunnerState
 
@@ -103,12 +104,14 @@ class PoolStatus:
     observed_generation: int
     last_reconcile_time: datetime
     conditions: tuple[Condition, ...]
+    reconciled_by: str = ""  # the holder of the pool's lease, when known
 
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        written: dict[str, Any] = {"reconciledBy": self.reconciled_by} if self.reconciled_by else {}
+        return written | {
             "idleRunners": self.counts.idle,
             "startingRunners": self.counts.starting,
             "claimedRunners": self.counts.claimed,
@@ -142,6 +145,7 @@ class PoolStatus:
                 observed_generation=int(data.get("observedGeneration", 0)),
                 last_reconcile_time=parse_time(str(data["lastReconcileTime"])),
                 conditions=tuple(Condition.from_dict(c) for c in data.get("conditions", ())),
+                reconciled_by=str(data.get("reconciledBy", "")),
             )
         except (KeyError, TypeError, ValueError):
             return None
@@ -161,16 +165,21 @@ def compute_status(
     breaker: BreakerState,
     blocked: PoolProblem | None = None,
     refusal: PoolProblem | None = None,
+    lease: LeaseState | None = None,
+    spec_hash: str = "",
 ) -> PoolStatus:
     """`blocked` says why the pool is not reconciled at all (a prefix conflict, a spec that
     was never valid); `refusal` why its newest spec was not taken (the last valid version
-    runs on)."""
+    runs on); `lease` who reconciles it (None: leases do not apply, as for a claims-only
+    replica), compared with this process's `spec_hash`."""
     counts = count(runners)
     desired = policy.desired_idle if policy.mode is PoolMode.ACTIVE else 0
+    if blocked is None and lease is not None and not lease.held:
+        blocked = PoolProblem(Problem.LEASE_HELD_ELSEWHERE, _elsewhere(lease))
     wanted = [
         _ready(policy, counts, desired, blocked),
         _progressing(policy, counts, desired, blocked),
-        _degraded(counts, breaker),
+        _degraded(counts, breaker, lease is not None and lease.differs(spec_hash)),
         _spec_accepted(refusal),
     ]
     conditions = tuple(
@@ -184,7 +193,14 @@ def compute_status(
         observed_generation=observed_generation,
         last_reconcile_time=now,
         conditions=conditions,
+        reconciled_by=lease.holder if lease is not None else "",
     )
+
+
+def _elsewhere(lease: LeaseState) -> str:
+    if lease.holder:
+        return f"reconciled by {lease.holder}; this process only serves claims"
+    return "the pool's lease is not held yet; this process only serves claims"
 
 
 _Wanted = tuple[str, str, str, str]
@@ -209,7 +225,9 @@ def _progressing(
     policy: PoolPolicy, counts: PoolCounts, desired: int, blocked: PoolProblem | None
 ) -> _Wanted:
     if blocked is not None:
-        return (PROGRESSING, "False", blocked.kind, "not reconciled: " + blocked.message)
+        elsewhere = blocked.kind is Problem.LEASE_HELD_ELSEWHERE
+        message = blocked.message if elsewhere else "not reconciled: " + blocked.message
+        return (PROGRESSING, "False", blocked.kind, message)
     if policy.mode is not PoolMode.ACTIVE:
         busy = counts.total > 0
         return (
@@ -234,7 +252,7 @@ def _progressing(
     return (PROGRESSING, "False", "Stable", f"{counts.idle} of {desired} idle runners")
 
 
-def _degraded(counts: PoolCounts, breaker: BreakerState) -> _Wanted:
+def _degraded(counts: PoolCounts, breaker: BreakerState, spec_differs: bool) -> _Wanted:
     malformed = (
         f"{counts.malformed_claims} runners hold unreadable claim variables"
         if counts.malformed_claims
@@ -247,6 +265,9 @@ def _degraded(counts: PoolCounts, breaker: BreakerState) -> _Wanted:
         return (DEGRADED, "True", "CircuitOpen", "; ".join(filter(None, [message, malformed])))
     if malformed:
         return (DEGRADED, "True", "MalformedClaims", malformed)
+    if spec_differs:
+        message = "the process holding the pool's lease reconciles another version of its spec"
+        return (DEGRADED, "True", "SpecDiffersFromHolder", message)
     return (DEGRADED, "False", "AsExpected", "")
 
 

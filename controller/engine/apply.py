@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -54,6 +54,9 @@ class Applier:
     metrics: Metrics
     events: EventSink
     rng: random.Random | None = None  # runner IDs; seeded for reproducible tests
+    # Whether this process may still write the pool (fencing by its lease), asked again
+    # right before every write: a lease can run out while a plan is applied.
+    may_write: Callable[[str], bool] = lambda key: True
     _slots: asyncio.Semaphore = field(
         default_factory=lambda: asyncio.Semaphore(APPLY_CONCURRENCY), init=False
     )
@@ -69,7 +72,7 @@ class Applier:
             self._destroy(managed, d, by_id.get(d.runner_id), now) for d in todo.destroy
         ]
         others += [self._mark_lost(managed, claim) for claim in todo.lose]
-        others += [self._forget(claim) for claim in todo.forget]
+        others += [self._forget(managed, claim) for claim in todo.forget]
         outcomes = await asyncio.gather(*others, return_exceptions=True)
         for outcome in (*creations, *outcomes):
             if isinstance(outcome, NomadError):
@@ -96,6 +99,8 @@ class Applier:
             policy.nomad_namespace,
         )
         async with self._slots:
+            if not self.may_write(policy.key):
+                return False
             # enforce_index=0: a retried or duplicated registration can never overwrite a job.
             await self.port.register_job(job, enforce_index=0)
         self.metrics.runners_created.labels(pool=policy.key).inc()
@@ -106,6 +111,8 @@ class Applier:
     ) -> bool:
         policy = managed.policy
         async with self._slots:
+            if not self.may_write(policy.key):
+                return False
             if destroy.claim is None:
                 allocation = runner.allocation.id if runner and runner.allocation else ""
                 # Created with cas=0, so a client's concurrent claim wins; a runner retired
@@ -126,6 +133,8 @@ class Applier:
                     return False  # a keepalive or release won; the next pass decides again
                 if destroy.reason is DestroyReason.LOST and runner is not None:
                     self.events(allocation_lost(policy.key, destroy.runner_id, runner.reason))
+            if not self.may_write(policy.key):
+                return False  # the tombstone holds the runner; whoever holds the pool purges it
             await self.port.purge_job(destroy.runner_id, policy.nomad_namespace)
         self.metrics.runners_destroyed.labels(pool=policy.key, reason=destroy.reason.value).inc()
         why = _REPLACED_BECAUSE.get(destroy.reason)
@@ -135,6 +144,8 @@ class Applier:
 
     async def _mark_lost(self, managed: ManagedPool, claim: ClaimRecord) -> bool:
         async with self._slots:
+            if not self.may_write(managed.key):
+                return False
             lost = await self.store.update(
                 claim.with_state(ClaimState.LOST), cas=claim.modify_index
             )
@@ -142,6 +153,6 @@ class Applier:
             self.events(allocation_lost(managed.key, claim.runner_id, "its job vanished"))
         return lost is not None
 
-    async def _forget(self, claim: ClaimRecord) -> bool:
+    async def _forget(self, managed: ManagedPool, claim: ClaimRecord) -> bool:
         async with self._slots:
-            return await self.store.delete(claim)
+            return self.may_write(managed.key) and await self.store.delete(claim)

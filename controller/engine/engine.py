@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 
 from controller.claims.store import ClaimStore
 from controller.core.events import EventSink, PoolEvent
+from controller.core.leases import DEFAULT_TTL_SECONDS
 from controller.core.problems import PoolProblem
 from controller.core.runner_ids import is_runner_id
 from controller.core.status import PoolStatus
@@ -21,6 +22,7 @@ from controller.core.times import utcnow
 from controller.core.views import PoolMode
 from controller.engine.apply import Applier
 from controller.engine.drains import Drains
+from controller.engine.leases import Leases
 from controller.engine.publish import Publisher, StatusSink
 from controller.engine.reconcile import PassResult, Reconciler
 from controller.engine.registry import PoolRegistry, PoolView
@@ -38,6 +40,10 @@ _NO_DEADLINE = timedelta(days=1)
 
 def _ignore(_: PoolEvent) -> None:
     pass
+
+
+def _always(_: str) -> bool:
+    return True
 
 
 class PoolViews(Mapping[str, PoolView]):
@@ -74,7 +80,12 @@ class Engine:
         reconcile: bool = True,
         home_namespace: str = "default",
         prune: bool = False,
+        identity: str | None = None,
+        lease_ttl_seconds: float = DEFAULT_TTL_SECONDS,
     ) -> None:
+        """With an `identity` (and `reconcile`), every pool is written only while this
+        process holds its lease (core/leases.py); without one, this process writes every
+        pool it reconciles (the lab's single-process tools)."""
         self.metrics = metrics
         self.clock = clock
         self._port = port
@@ -90,17 +101,30 @@ class Engine:
             prune=prune,
             on_new_pool=self._pool_added,
         )
+        self.leases = (
+            Leases(
+                port,
+                identity,
+                on_event,
+                ttl_seconds=lease_ttl_seconds,
+                on_change=self._lease_changed,
+            )
+            if identity is not None and reconcile
+            else None
+        )
+        may_write = self.leases.holds if self.leases is not None else _always
         self._reconciler = Reconciler(
             port,
             self.store,
             self._registry,
             self._drains,
-            Applier(port, self.store, metrics, on_event, rng),
+            Applier(port, self.store, metrics, on_event, rng, may_write),
             self._publisher,
             metrics,
             on_event,
             clock,
             reconcile,
+            self.leases,
         )
         self._scheduler = Scheduler(self._run_scheduled, resync_seconds=resync_seconds, clock=clock)
 
@@ -189,11 +213,16 @@ class Engine:
             self._scheduler.hint(namespace)
 
     async def start(self) -> None:
+        if self.leases is not None:
+            self.leases.start()
         self._scheduler.start(self.namespaces())
 
     async def stop(self) -> None:
-        """Stop the loops. Stopping never destroys runners: Nomad keeps them."""
+        """Stop the loops and give the leases back, so that another process takes the
+        pools over at once. Stopping never destroys runners: Nomad keeps them."""
         await self._scheduler.stop()
+        if self.leases is not None:
+            await self.leases.stop(release=True)
 
     async def reconcile_namespace(self, namespace: str) -> PassResult:
         result = await self._reconciler.run(namespace)
@@ -207,6 +236,9 @@ class Engine:
 
     async def _run_scheduled(self, namespace: str) -> float:
         return (await self.reconcile_namespace(namespace)).seconds
+
+    def _lease_changed(self, namespace: str) -> None:
+        self._scheduler.hint(namespace)
 
     def _pool_added(self, namespace: str) -> None:
         self._scheduler.ensure(namespace)

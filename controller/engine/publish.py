@@ -29,6 +29,8 @@ class Publisher:
             breaker=managed.breaker,
             blocked=managed.conflict,
             refusal=managed.refusal,
+            lease=managed.lease,
+            spec_hash=managed.spec_hash,
         )
         counts = count(runners)
         self._metrics.set_runner_counts(
@@ -41,6 +43,9 @@ class Publisher:
                 "terminating": counts.terminating,
             },
             managed.policy.desired_idle,
+        )
+        self._metrics.set_conditions(
+            managed.key, {c.type: c.status == "True" for c in status.conditions}
         )
         if managed.status is not None and not needs_write(managed.status, status, now):
             return

@@ -19,7 +19,8 @@ from datetime import datetime, timedelta
 from controller.claims.store import ClaimStore
 from controller.core import breaker as breakers
 from controller.core.classify import classify
-from controller.core.events import EventSink, breaker_closed, breaker_opened
+from controller.core.events import EventSink, breaker_closed, breaker_opened, spec_differs
+from controller.core.leases import LeaseState
 from controller.core.plan import DestroyReason, Plan, plan
 from controller.core.split import split_observation
 from controller.core.views import (
@@ -32,6 +33,7 @@ from controller.core.views import (
 )
 from controller.engine.apply import Applier
 from controller.engine.drains import Drains
+from controller.engine.leases import Leases
 from controller.engine.observe import NamespaceObservation, ViewCache, observe_namespace
 from controller.engine.offload import compute
 from controller.engine.publish import Publisher
@@ -82,6 +84,7 @@ class Reconciler:
     events: EventSink
     clock: Callable[[], datetime]
     reconcile: bool  # False: a claims-only replica observes, never acts
+    leases: Leases | None  # None: this process writes every pool it reconciles
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict, init=False)
     _views: dict[str, ViewCache] = field(default_factory=dict, init=False)
     _splits: dict[str, _Split] = field(default_factory=dict, init=False)
@@ -124,17 +127,21 @@ class Reconciler:
             if not c.is_tombstone and c.expires_at > now
         ]
         pools = self.registry.reconciled(namespace)
+        acting = await self._acting(namespace, pools)
         by_pool, orphans = await self._split(namespace, [m.policy for m in pools], observed)
         if self.reconcile:
             self.drains.take_orphans(namespace, orphans)
-            await self.drains.sync(self.registry.in_namespace(namespace))
+            await self.drains.sync(acting)
         outcomes = await asyncio.gather(
-            *(self._pool_pass(m, by_pool[m.key], now, observation_started) for m in pools)
+            *(
+                self._pool_pass(m, by_pool[m.key], now, observation_started, m in acting)
+                for m in pools
+            )
         )
         for managed in self.registry.in_namespace(namespace):
             if managed.conflict is not None:
                 await self.publisher.publish(managed, [], now)
-        for key in await self.drains.finish(pools):
+        for key in await self.drains.finish(acting):
             self.publisher.forget(key)
         if self.reconcile:
             await self._collect_requests(namespace, observed, now)
@@ -146,6 +153,36 @@ class Reconciler:
             errors=sum(o.errors for o in outcomes),
             next_deadline=min(upcoming, default=None),
         )
+
+    async def _acting(self, namespace: str, pools: list[ManagedPool]) -> list[ManagedPool]:
+        """The pools this pass may write: all of them for a reconciling process without
+        leases, those whose lease it holds with them, none for a claims-only replica. The
+        namespace's leases are brought up to date first (a pool no longer reconciled here
+        gives its lease back)."""
+        if not self.reconcile:
+            return []
+        if self.leases is None:
+            return list(pools)
+        for managed in pools:
+            self.leases.want(managed.key, namespace, managed.spec_hash)
+        for key in self.leases.wanted(namespace) - {m.key for m in pools}:
+            await self.leases.drop(key)
+        await self.leases.refresh([m.key for m in pools])
+        for managed in pools:
+            self._note_lease(managed, self.leases.state(managed.key))
+        held = {m.key: self.leases.holds(m.key) for m in pools}
+        self.metrics.set_lease_held(held)
+        return [m for m in pools if held[m.key]]
+
+    def _note_lease(self, managed: ManagedPool, lease: LeaseState) -> None:
+        """Keep the pool's lease state for its status; warn once per change when the
+        holder reconciles another version of the spec than this process."""
+        differs = lease.differs(managed.spec_hash)
+        before = managed.lease
+        managed.lease = lease
+        was = before is not None and before.differs(managed.spec_hash)
+        if differs and (not was or before != lease):
+            self.events(spec_differs(managed.key, lease.holder))
 
     async def _collect_requests(
         self, namespace: str, observed: NamespaceObservation, now: datetime
@@ -193,6 +230,7 @@ class Reconciler:
         observation: PoolObservation,
         now: datetime,
         observation_started: float,
+        acting: bool,
     ) -> _Outcome:
         policy = managed.policy
         runners = await compute(len(observation.jobs), _classify, managed, policy, observation, now)
@@ -201,7 +239,7 @@ class Reconciler:
         managed.runners, managed.observation, managed.observed = tuple(runners), observation, True
         managed.observation_started = observation_started
         self._observed.pop(managed.key, asyncio.Event()).set()
-        if not self.reconcile:
+        if not acting:  # observes, never writes: a claims-only replica, or not the holder
             await self.publisher.publish(managed, runners, now)
             return _Outcome()
         todo = await compute(

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from controller.core import breaker as breakers
 from controller.core.events import EventSink, prefix_conflict
+from controller.core.leases import LeaseState
 from controller.core.problems import PoolProblem, Problem, prefix_owners
 from controller.core.runner_ids import is_runner_id
 from controller.core.status import PoolStatus
@@ -46,6 +47,11 @@ class ManagedPool:
     observation_started: float = 0.0  # time.monotonic() when the last observation began
     classified_policy: PoolPolicy | None = None  # the policy `runners` were classified with
     seen_running: frozenset[str] = frozenset()  # runners seen running (breaker successes)
+    lease: LeaseState | None = None  # who reconciles it; None where leases do not apply
+
+    @property
+    def spec_hash(self) -> str:
+        return self.pool.spec_hash if self.pool is not None else ""
 
     @property
     def key(self) -> str:
@@ -90,6 +96,8 @@ class PoolView(Protocol):
     def refusal(self) -> PoolProblem | None: ...
     @property
     def active(self) -> bool: ...
+    @property
+    def lease(self) -> LeaseState | None: ...
 
 
 class PoolRegistry:

@@ -69,6 +69,7 @@ class _Outcome:
     code: str  # for the metrics hook: HTTP status or "error"
     body: Any = None
     next_token: str | None = None
+    index: int | None = None  # X-Nomad-Index
     error: NomadError | None = None
     retryable: bool = True
 
@@ -241,6 +242,19 @@ class NomadClient:
         params = {"namespace": namespace, "prefix": prefix or None}
         return await self._list("/v1/vars", "/v1/vars", params)
 
+    async def wait_variable(
+        self, path: str, namespace: str, index: int, wait_seconds: float
+    ) -> tuple[dict[str, Any] | None, int]:
+        """A blocking read: returns once the variable's ModifyIndex passes `index`, or
+        after `wait_seconds` (Nomad may add a sixteenth); the variable (None when it does
+        not exist) and the index to wait from next."""
+        params = {"namespace": namespace, "index": str(index), "wait": f"{wait_seconds:g}s"}
+        try:
+            outcome = await self._call("GET", "/v1/var/:path", f"/v1/var/{path}", params)
+        except NomadNotFound as missing:
+            return None, missing.index if missing.index is not None else index
+        return dict(outcome.body), outcome.index if outcome.index is not None else index
+
     async def read_variable(self, path: str, namespace: str) -> dict[str, Any] | None:
         """The variable at `path` with its Items, or None when it does not exist."""
         try:
@@ -263,6 +277,70 @@ class NomadClient:
             retry=_Retry.IF_NOT_APPLIED,
         )  # fmt: skip
         return dict(outcome.body)
+
+    async def acquire_lock(
+        self,
+        path: str,
+        items: dict[str, str],
+        namespace: str,
+        *,
+        ttl_seconds: float,
+        delay_seconds: float,
+    ) -> dict[str, Any] | None:
+        """Take the variable's lock (`?lock-acquire`, Nomad 1.7+) and write `items`. The
+        stored variable with its `Lock.ID`, or None when another process holds the lock
+        (or it is in its lock delay)."""
+        lock = {"TTL": f"{ttl_seconds:g}s", "LockDelay": f"{delay_seconds:g}s"}
+        body = {"Namespace": namespace, "Path": path, "Items": items, "Lock": lock}
+        try:
+            outcome = await self._lock_call(path, namespace, "lock-acquire", body)
+        except NomadConflict:
+            return None
+        return dict(outcome.body)
+
+    async def renew_lock(self, path: str, namespace: str, lock_id: str) -> bool:
+        """Renew a held lock; False when it is not ours any more (expired or taken). Other
+        failures raise: the caller fences itself by time."""
+        body = {"Namespace": namespace, "Path": path, "Lock": {"ID": lock_id}}
+        try:
+            await self._lock_call(path, namespace, "lock-renew", body)
+        except NomadConflict:
+            return False
+        except NomadUnavailable as error:
+            # Nomad 1.7.0 answered a lost lock with a 500 naming it.
+            if error.status == 500 and "lock" in str(error):
+                return False
+            raise
+        return True
+
+    async def release_lock(self, path: str, namespace: str, lock_id: str) -> None:
+        """Give a held lock back so that another process takes it at once; a lock that is
+        not ours any more is success."""
+        body = {"Namespace": namespace, "Path": path, "Lock": {"ID": lock_id}}
+        with contextlib.suppress(NomadConflict, NomadNotFound):
+            await self._lock_call(path, namespace, "lock-release", body)
+
+    async def write_locked(
+        self, path: str, items: dict[str, str], namespace: str, lock_id: str
+    ) -> dict[str, Any]:
+        """The holder's write of a locked variable's items (the lock is kept)."""
+        body = {"Namespace": namespace, "Path": path, "Items": items, "Lock": {"ID": lock_id}}
+        params = {"namespace": namespace}
+        outcome = await self._call(
+            "PUT", "/v1/var/:path", f"/v1/var/{path}", params, json=body,
+            retry=_Retry.IF_NOT_APPLIED,
+        )  # fmt: skip
+        return dict(outcome.body)
+
+    async def _lock_call(
+        self, path: str, namespace: str, operation: str, body: dict[str, Any]
+    ) -> _Outcome:
+        # A lock operation changes nothing when it was refused, so only unsent ones retry.
+        params = {"namespace": namespace, operation: ""}
+        return await self._call(
+            "PUT", f"/v1/var/:path?{operation}", f"/v1/var/{path}", params, json=body,
+            retry=_Retry.IF_NOT_APPLIED,
+        )  # fmt: skip
 
     async def delete_variable(self, path: str, namespace: str, *, cas: int | None = None) -> None:
         """Delete a variable (with check-and-set when `cas` is given); missing is success."""
@@ -405,6 +483,7 @@ class NomadClient:
                 status = response.status
                 raw = await response.read()
                 next_token = response.headers.get("X-Nomad-NextToken") or None
+                index_header = response.headers.get("X-Nomad-Index", "")
         except aiohttp.ClientSSLError as exc:
             # A certificate problem does not go away by retrying.
             err = NomadUnavailable(
@@ -417,7 +496,10 @@ class NomadClient:
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             return self._unreachable(where, exc, maybe_applied=True)
         if status >= 300:
-            return self._http_failure(where, status, raw)
+            failure = self._http_failure(where, status, raw)
+            if failure.error is not None and index_header.isdigit():
+                failure.error.index = int(index_header)
+            return failure
         body: Any = None
         if parse:
             try:
@@ -425,7 +507,8 @@ class NomadClient:
             except ValueError:
                 text = self._text(raw)[:_BODY_LIMIT]
                 return _Outcome(str(status), error=NomadUnavailable(f"{where}: not JSON: {text!r}"))
-        return _Outcome(str(status), body=body, next_token=next_token)
+        index = int(index_header) if index_header.isdigit() else None
+        return _Outcome(str(status), body=body, next_token=next_token, index=index)
 
     def _describe(self, exc: BaseException) -> str:
         return _scrub(f"{type(exc).__name__}: {exc}", self._config.token)[:_BODY_LIMIT]

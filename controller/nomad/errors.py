@@ -15,6 +15,7 @@ class NomadError(Exception):
     def __init__(self, message: str, *, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.index: int | None = None  # the answer's X-Nomad-Index, when it had one
 
 
 class NomadUnavailable(NomadError):

@@ -37,7 +37,35 @@ class Variables(Protocol):
     ) -> None: ...
 
 
-class NomadPort(JobWriter, Variables, Protocol):
+class Locks(Protocol):
+    """Nomad's variable locks (1.7+): the pools' leases."""
+
+    async def acquire_lock(
+        self,
+        path: str,
+        items: dict[str, str],
+        namespace: str,
+        *,
+        ttl_seconds: float,
+        delay_seconds: float,
+    ) -> dict[str, Any] | None: ...
+
+    async def renew_lock(self, path: str, namespace: str, lock_id: str) -> bool: ...
+
+    async def release_lock(self, path: str, namespace: str, lock_id: str) -> None: ...
+
+    async def write_locked(
+        self, path: str, items: dict[str, str], namespace: str, lock_id: str
+    ) -> dict[str, Any]: ...
+
+    async def read_variable(self, path: str, namespace: str) -> dict[str, Any] | None: ...
+
+    async def wait_variable(
+        self, path: str, namespace: str, index: int, wait_seconds: float
+    ) -> tuple[dict[str, Any] | None, int]: ...
+
+
+class NomadPort(JobWriter, Variables, Locks, Protocol):
     """Everything the engine calls: the writers above, and the lists a pass observes."""
 
     async def list_jobs(self, namespace: str) -> list[dict[str, Any]]: ...

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
+import socket
 import time
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
@@ -76,6 +78,10 @@ class OperatorController(Service):
         self._stopped = False
 
     # -- lifecycle --------------------------------------------------------------------
+
+    def identity(self) -> str:
+        """The pod's name (the chart sets POD_NAME), as in kopf's peering."""
+        return os.environ.get("POD_NAME") or socket.gethostname()
 
     def unready(self) -> list[str]:
         if not self.active:

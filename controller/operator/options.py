@@ -15,6 +15,7 @@ import kopf
 from controller.errors import UsageError
 from controller.service import (
     ServiceSettings,
+    lease_ttl,
     parse_listen,
 )
 
@@ -66,6 +67,7 @@ def options_from_args(args: argparse.Namespace) -> OperatorOptions:
         peering=args.peering,
         priority=priority,
         liveness=args.liveness,
+        lease_ttl_seconds=lease_ttl(args.lease_ttl_seconds),
     )
 
 

@@ -298,7 +298,8 @@ async def test_oversized_and_malformed_bodies(harness: Harness, tmp_path):
     async with harness.http.post(controller.url + CLAIMS, data=big, headers=headers) as r:
         assert r.status == 413
         assert (await r.json())["error"]["code"] == "PayloadTooLarge"
-    assert not [v for v in harness.sim.variables("default") if v.startswith("poolkeeper/")]
+    written = ("poolkeeper/claims/", "poolkeeper/requests/")
+    assert not [v for v in harness.sim.variables("default") if v.startswith(written)]
 
 
 async def test_wait_seconds_waits_for_a_replacement(harness: Harness, tmp_path):

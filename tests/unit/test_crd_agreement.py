@@ -798,6 +798,7 @@ def test_resource_definition() -> None:
         "totalRunners",
         "selector",
         "templateHash",
+        "reconciledBy",
         "observedGeneration",
         "lastReconcileTime",
         "conditions",

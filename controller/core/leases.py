@@ -1,0 +1,77 @@
+"""Leases: one reconciler per pool, across processes and clusters.
+
+A pool's lease is the Nomad variable `poolkeeper/leases/<namespace>~<name>` in the pool's
+Nomad namespace, held with Nomad's variable lock. Only its holder writes the pool's runner
+jobs; its items say who holds it and which spec that holder reconciles. Pure: paths, the
+items, and what a lease means for a pool's status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from controller.core.times import format_time
+
+LEASES_PREFIX = "poolkeeper/leases/"
+# Nomad bounds a lock's TTL to 10 s .. 24 h; the lock delay only to >= 0.
+DEFAULT_TTL_SECONDS = 10.0
+MIN_TTL_SECONDS = 10.0
+LOCK_DELAY_SECONDS = 5.0
+
+
+def lease_path(key: str) -> str:
+    """`<namespace>/<name>` with `/` and `.` as `~` (variable paths allow neither `.` in a
+    useful way nor a second level we want)."""
+    return LEASES_PREFIX + key.replace("/", "~").replace(".", "~")
+
+
+def takeover_seconds(ttl_seconds: float) -> float:
+    """How long after a holder died without releasing another process has the pool:
+    Nomad frees an unrenewed lock twice its TTL after the last renewal, then keeps it for
+    the lock delay; a waiting process retries every TTL/3."""
+    return 2 * ttl_seconds + LOCK_DELAY_SECONDS + ttl_seconds / 3
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseItems:
+    holder: str  # a readable identity: hostname/pid, or the operator's pod name
+    spec_hash: str  # the spec the holder reconciles ("" for a pool it only drains)
+    acquired_at: str = ""
+
+    def to_items(self) -> dict[str, str]:
+        return {"holder": self.holder, "specHash": self.spec_hash, "acquiredAt": self.acquired_at}
+
+    @classmethod
+    def taken(cls, holder: str, spec_hash: str, now: datetime) -> LeaseItems:
+        return cls(holder, spec_hash, format_time(now))
+
+    @classmethod
+    def from_variable(cls, variable: Mapping[str, Any] | None) -> LeaseItems | None:
+        items = (variable or {}).get("Items")
+        if not isinstance(items, Mapping) or not isinstance(items.get("holder"), str):
+            return None
+        spec = items.get("specHash")
+        acquired = items.get("acquiredAt")
+        return cls(
+            items["holder"],
+            spec if isinstance(spec, str) else "",
+            acquired if isinstance(acquired, str) else "",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseState:
+    """What this process knows of a pool's lease, for its status."""
+
+    held: bool  # this process holds it and may write the pool
+    holder: str = ""  # who holds it ("" while unknown, or when nobody does)
+    holder_spec: str = ""  # the spec hash the holder reconciles
+
+    def differs(self, own_spec: str) -> bool:
+        """The holder reconciles another version of the pool's spec than this process."""
+        return bool(
+            not self.held and self.holder_spec and own_spec and self.holder_spec != own_spec
+        )

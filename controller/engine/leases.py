@@ -1,0 +1,232 @@
+"""Taking, keeping and giving back the pools' leases (core/leases.py says what they are).
+
+Each wanted lease has a follower task: while it holds the lease it renews it every TTL/3;
+while another process holds it, it watches the lease variable with a blocking query and
+tries again as soon as the variable changes (a release, or Nomad freeing an expired lock)
+or TTL/3 passes. So a pool given back on SIGTERM is taken over within a moment.
+
+Fencing is by time: a lease counts as held only until one TTL after the last renewal that
+succeeded (measured from when it was sent), while Nomad frees an unrenewed lock only twice
+its TTL after the last renewal, then keeps it for the lock delay. So a holder that cannot
+renew stops writing before anyone else can take the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.core.events import EventSink, lease_acquired, lease_lost
+from controller.core.leases import LOCK_DELAY_SECONDS, LeaseItems, LeaseState, lease_path
+from controller.core.times import utcnow
+from controller.nomad.errors import NomadError
+from controller.nomad.port import Locks
+
+log = logging.getLogger(__name__)
+
+# How long stopping may spend giving leases back.
+RELEASE_SECONDS = 2.0
+
+
+@dataclass
+class _Lease:
+    key: str
+    namespace: str  # the pool's Nomad namespace: where its runners, and its lease, are
+    spec_hash: str
+    lock_id: str | None = None  # ours, while we hold it
+    valid_until: float = 0.0  # monotonic: we may write the pool until then
+    written_spec: str = ""  # the spec hash in the lease's items while we hold it
+    holder: str = ""
+    holder_spec: str = ""
+    seen_index: int = 0  # the lease variable's ModifyIndex when last read
+    last_round: float | None = None  # monotonic time of the last renewal or attempt
+    busy: asyncio.Lock = field(default_factory=asyncio.Lock)  # one round at a time
+    follower: asyncio.Task[None] | None = None
+
+    @property
+    def path(self) -> str:
+        return lease_path(self.key)
+
+
+class Leases:
+    def __init__(
+        self,
+        port: Locks,
+        identity: str,
+        events: EventSink,
+        *,
+        ttl_seconds: float,
+        on_change: Callable[[str], None],
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._port = port
+        self.identity = identity
+        self._events = events
+        self.ttl = ttl_seconds
+        self._on_change = on_change  # a lease was gained or lost: the pool's namespace
+        self._monotonic = monotonic
+        self._leases: dict[str, _Lease] = {}
+        self._running = False
+
+    # -- what the engine asks ----------------------------------------------------------
+
+    def want(self, key: str, namespace: str, spec_hash: str) -> None:
+        """Hold this pool's lease, for this spec."""
+        lease = self._leases.get(key)
+        if lease is None:
+            lease = self._leases[key] = _Lease(key, namespace, spec_hash)
+            self._follow(lease)
+        lease.spec_hash = spec_hash
+
+    def wanted(self, namespace: str) -> set[str]:
+        return {k for k, lease in self._leases.items() if lease.namespace == namespace}
+
+    async def drop(self, key: str) -> None:
+        """Stop holding this pool's lease (the pool is gone from this process)."""
+        lease = self._leases.pop(key, None)
+        if lease is not None:
+            await self._stop_following(lease)
+            await self._release(lease)
+
+    def holds(self, key: str) -> bool:
+        lease = self._leases.get(key)
+        return bool(lease and lease.lock_id and self._monotonic() < lease.valid_until)
+
+    def state(self, key: str) -> LeaseState:
+        lease = self._leases.get(key)
+        if lease is None:
+            return LeaseState(held=False)
+        if self.holds(key):
+            return LeaseState(True, self.identity, lease.spec_hash)
+        return LeaseState(False, lease.holder, lease.holder_spec)
+
+    async def refresh(self, keys: Iterable[str]) -> None:
+        """Renew or try these leases now unless that was done within TTL/3 (a pass calls
+        this first, so it acts on what the lease is now, with or without the followers)."""
+        await asyncio.gather(*(self._keep(self._leases[k]) for k in keys if k in self._leases))
+
+    # -- running -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._running = True
+        for lease in self._leases.values():
+            self._follow(lease)
+
+    async def stop(self, *, release: bool = True) -> None:
+        """Stop following; with `release` (a graceful stop) give every held lease back, so
+        that a successor takes over at once rather than after the TTL."""
+        self._running = False
+        leases = list(self._leases.values())
+        self._leases.clear()
+        for lease in leases:
+            await self._stop_following(lease)
+        if release:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(RELEASE_SECONDS):
+                    await asyncio.gather(*(self._release(lease) for lease in leases))
+
+    def _follow(self, lease: _Lease) -> None:
+        if self._running and lease.follower is None:
+            lease.follower = asyncio.create_task(self._follower(lease), name=f"lease:{lease.key}")
+
+    async def _stop_following(self, lease: _Lease) -> None:
+        task, lease.follower = lease.follower, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _follower(self, lease: _Lease) -> None:
+        while self._leases.get(lease.key) is lease:
+            if lease.lock_id is not None:
+                await asyncio.sleep(self.ttl / 3)
+                await self._keep(lease)
+                continue
+            changed = await self._wait_for_change(lease)
+            await self._keep(lease, force=changed)
+
+    async def _wait_for_change(self, lease: _Lease) -> bool:
+        """Block (at most TTL/3) until the lease variable changes; whether it did."""
+        try:
+            variable, index = await self._port.wait_variable(
+                lease.path, lease.namespace, lease.seen_index, self.ttl / 3
+            )
+        except NomadError as error:
+            log.debug("watching the lease of pool %s: %s", lease.key, error)
+            await asyncio.sleep(self.ttl / 3)
+            return False
+        changed = index != lease.seen_index
+        lease.seen_index = index
+        if variable is not None:
+            self._note_holder(lease, variable)
+        return changed
+
+    async def _keep(self, lease: _Lease, *, force: bool = False) -> None:
+        async with lease.busy:
+            last = lease.last_round
+            due = force or last is None or self._monotonic() - last >= self.ttl / 3
+            if not due or self._leases.get(lease.key) is not lease:
+                return
+            lease.last_round = self._monotonic()
+            try:
+                if lease.lock_id is None:
+                    await self._acquire(lease)
+                else:
+                    await self._renew(lease)
+            except NomadError as error:
+                log.warning("lease of pool %s: %s", lease.key, error)
+
+    async def _acquire(self, lease: _Lease) -> None:
+        sent = self._monotonic()
+        items = LeaseItems.taken(self.identity, lease.spec_hash, utcnow())
+        stored = await self._port.acquire_lock(
+            lease.path,
+            items.to_items(),
+            lease.namespace,
+            ttl_seconds=self.ttl,
+            delay_seconds=LOCK_DELAY_SECONDS,
+        )
+        if stored is None:
+            self._note_holder(lease, await self._port.read_variable(lease.path, lease.namespace))
+            return
+        lease.lock_id = str((stored.get("Lock") or {}).get("ID", ""))
+        lease.valid_until = sent + self.ttl
+        lease.written_spec, lease.holder, lease.holder_spec = lease.spec_hash, "", ""
+        self._events(lease_acquired(lease.key, self.identity))
+        self._on_change(lease.namespace)
+
+    async def _renew(self, lease: _Lease) -> None:
+        assert lease.lock_id is not None
+        sent = self._monotonic()
+        if not await self._port.renew_lock(lease.path, lease.namespace, lease.lock_id):
+            lease.lock_id, lease.valid_until = None, 0.0
+            self._events(lease_lost(lease.key, self.identity, "Nomad refused its renewal"))
+            self._on_change(lease.namespace)
+            return
+        lease.valid_until = sent + self.ttl
+        if lease.written_spec != lease.spec_hash:
+            items = LeaseItems.taken(self.identity, lease.spec_hash, utcnow())
+            await self._port.write_locked(
+                lease.path, items.to_items(), lease.namespace, lease.lock_id
+            )
+            lease.written_spec = lease.spec_hash
+
+    def _note_holder(self, lease: _Lease, variable: dict[str, Any] | None) -> None:
+        items = LeaseItems.from_variable(variable)
+        holder, spec = (items.holder, items.spec_hash) if items else ("", "")
+        if (holder, spec) != (lease.holder, lease.holder_spec):
+            lease.holder, lease.holder_spec = holder, spec
+            self._on_change(lease.namespace)
+
+    async def _release(self, lease: _Lease) -> None:
+        lock_id, lease.lock_id, lease.valid_until = lease.lock_id, None, 0.0
+        if lock_id is None:
+            return
+        try:
+            await self._port.release_lock(lease.path, lease.namespace, lock_id)
+        except NomadError as error:
+            log.warning("could not release the lease of pool %s: %s", lease.key, error)

@@ -1,0 +1,123 @@
+"""One reconciler per pool: two controllers with different specs for one pool never fight;
+the other serves claims and says who reconciles; a graceful stop hands the pool over at
+once, a crash within the takeover time."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from controller import service
+from controller.core.leases import takeover_seconds
+from controller.standalone import Controller
+
+from .conftest import TOKEN, Harness, pool_doc, wait_until, write_pools
+
+KEY = "default/py"
+
+
+def condition(controller: Controller, type_: str) -> tuple[str, str, str]:
+    view = controller.engine.pools[KEY]
+    found = view.status.condition(type_) if view.status else None
+    assert found is not None, type_
+    return found.status, found.reason, found.message
+
+
+async def start_as(
+    harness: Harness, pools: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> Controller:
+    """A controller whose identity is `name` (two in one test process differ)."""
+    monkeypatch.setattr(service.Service, "identity", lambda self: name)
+    return await harness.start(pools, resync_seconds=0.5)
+
+
+async def test_two_reconcilers_never_fight_and_the_other_one_says_who_reconciles(
+    harness: Harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = await start_as(
+        harness, write_pools(tmp_path / "a.yaml", pool_doc("py", idle=2)), "host-a/1", monkeypatch
+    )
+    await harness.settled(first)
+    registered, deregistered = (
+        harness.sim.counters["jobs_created"],
+        harness.sim.counters["deregister_calls"],
+    )
+    second = await start_as(
+        harness, write_pools(tmp_path / "b.yaml", pool_doc("py", idle=4)), "host-b/2", monkeypatch
+    )
+
+    async def second_knows() -> bool:
+        await second.engine.reconcile_namespace("default")
+        return condition(second, "Ready")[1] == "LeaseHeldElsewhere"
+
+    await wait_until(second_knows, what="the second controller to see the lease held")
+    await asyncio.sleep(3.0)  # six resyncs of both: the second never writes the pool
+    assert condition(second, "Ready") == (
+        "False",
+        "LeaseHeldElsewhere",
+        "reconciled by host-a/1; this process only serves claims",
+    )
+    assert condition(second, "Degraded")[:2] == ("True", "SpecDiffersFromHolder")
+    assert second.engine.pools[KEY].status.reconciled_by == "host-a/1"  # type: ignore[union-attr]
+    assert condition(first, "Ready")[:2] == ("True", "IdleRunnersAvailable")
+    assert harness.sim.counters["jobs_created"] == registered
+    assert harness.sim.counters["deregister_calls"] == deregistered
+    # The non-holder serves claims; the holder refills.
+    status, claim = await harness.api(second, "POST", "/v1/pools/default/py/claims", {})
+    assert status == 201, claim
+    _, listing = await harness.api(second, "GET", "/v1/pools", token=TOKEN)
+    assert listing["pools"][0]["status"]["reconciledBy"] == "host-a/1"
+    await harness.settled(first)
+
+    # A graceful stop gives the lease back: the second takes the pool over at once.
+    await harness.stop(first)
+    stopped = time.monotonic()
+
+    async def taken_over() -> bool:
+        view = second.engine.pools[KEY]
+        return bool(view.lease and view.lease.held)
+
+    await wait_until(taken_over, within=5, what="the takeover")
+    assert time.monotonic() - stopped < 1.5
+
+    # Now the second's spec (4 idle) is what Nomad gets.
+    async def four_idle() -> bool:
+        await second.engine.reconcile_namespace("default")
+        view = second.engine.pools[KEY]
+        return bool(view.status and view.status.counts.idle == 4)
+
+    await wait_until(four_idle, what="the new holder's spec")
+    assert condition(second, "Degraded")[:2] == ("False", "AsExpected")
+
+
+@pytest.mark.slow
+async def test_a_crashed_holder_is_taken_over_within_the_takeover_time(
+    harness: Harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pools = write_pools(tmp_path / "p.yaml", pool_doc("py", idle=2))
+    first = await start_as(harness, pools, "host-a/1", monkeypatch)
+    await harness.settled(first)
+    second = await start_as(harness, pools, "host-b/2", monkeypatch)
+
+    async def waiting() -> bool:
+        await second.engine.reconcile_namespace("default")
+        return condition(second, "Ready")[1] == "LeaseHeldElsewhere"
+
+    await wait_until(waiting, what="the second to wait")
+    # As a crash: the first stops renewing and never releases (and so stops writing).
+    assert first.engine.leases is not None
+    await first.engine.leases.stop(release=False)
+    crashed = time.monotonic()
+
+    async def taken_over() -> bool:
+        view = second.engine.pools[KEY]
+        return bool(view.lease and view.lease.held)
+
+    await wait_until(taken_over, within=takeover_seconds(10) + 10, what="the takeover")
+    elapsed = time.monotonic() - crashed
+    # Nomad frees the lock 2 x TTL after the last renewal, then keeps it for the delay.
+    assert 2 * 10 - 10 / 3 <= elapsed <= takeover_seconds(10) + 1, elapsed
+    await harness.settled(second)

@@ -1,0 +1,181 @@
+"""Leases: taking, renewing, fencing by time, losing and giving back a pool's lease."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from controller.core.events import EventKind, PoolEvent
+from controller.core.leases import LeaseItems, LeaseState, lease_path, takeover_seconds
+from controller.engine.leases import Leases
+from controller.nomad.errors import NomadUnavailable
+
+KEY = "default/py.312"
+TTL = 10.0
+
+
+class FakeLocks:
+    """Nomad's variable locks as one process sees them; `other` holds a lock elsewhere."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, str] = {}  # path -> lock ID
+        self.items: dict[str, dict[str, str]] = {}
+        self.down = False
+        self.calls: list[tuple[str, str]] = []
+        self.next_id = 0
+
+    def _check(self, op: str, path: str) -> None:
+        self.calls.append((op, path))
+        if self.down:
+            raise NomadUnavailable("PUT /v1/var/:path: cannot reach Nomad")
+
+    async def acquire_lock(
+        self,
+        path: str,
+        items: dict[str, str],
+        namespace: str,
+        *,
+        ttl_seconds: float,
+        delay_seconds: float,
+    ) -> dict[str, Any] | None:
+        self._check("acquire", path)
+        if path in self.held:
+            return None
+        self.next_id += 1
+        self.held[path] = f"lock-{self.next_id}"
+        self.items[path] = dict(items)
+        return {"Path": path, "Items": items, "Lock": {"ID": self.held[path]}}
+
+    async def renew_lock(self, path: str, namespace: str, lock_id: str) -> bool:
+        self._check("renew", path)
+        return self.held.get(path) == lock_id
+
+    async def release_lock(self, path: str, namespace: str, lock_id: str) -> None:
+        self._check("release", path)
+        if self.held.get(path) == lock_id:
+            del self.held[path]
+
+    async def write_locked(
+        self, path: str, items: dict[str, str], namespace: str, lock_id: str
+    ) -> dict[str, Any]:
+        self._check("write", path)
+        assert self.held[path] == lock_id
+        self.items[path] = dict(items)
+        return {"Path": path, "Items": items}
+
+    async def read_variable(self, path: str, namespace: str) -> dict[str, Any] | None:
+        self._check("read", path)
+        return {"Path": path, "Items": self.items[path]} if path in self.items else None
+
+    async def wait_variable(
+        self, path: str, namespace: str, index: int, wait_seconds: float
+    ) -> tuple[dict[str, Any] | None, int]:
+        return await self.read_variable(path, namespace), index
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def world() -> tuple[FakeLocks, Clock, list[PoolEvent], Leases]:
+    port, clock = FakeLocks(), Clock()
+    events: list[PoolEvent] = []
+    leases = Leases(
+        port, "host/1", events.append, ttl_seconds=TTL, on_change=lambda ns: None, monotonic=clock
+    )
+    return port, clock, events, leases
+
+
+async def test_a_free_lease_is_taken_and_names_its_holder_and_spec(world) -> None:
+    port, _, events, leases = world
+    leases.want(KEY, "default", "spec-a")
+    await leases.refresh([KEY])
+    assert leases.holds(KEY)
+    assert leases.state(KEY) == LeaseState(True, "host/1", "spec-a")
+    path = lease_path(KEY)
+    assert path == "poolkeeper/leases/default~py~312"
+    items = LeaseItems.from_variable({"Items": port.items[path]})
+    assert items is not None and (items.holder, items.spec_hash) == ("host/1", "spec-a")
+    assert [e.kind for e in events] == [EventKind.LEASE_ACQUIRED]
+
+
+async def test_a_held_lease_is_reported_with_its_holder(world) -> None:
+    port, _, _, leases = world
+    path = lease_path(KEY)
+    port.held[path] = "theirs"
+    port.items[path] = {"holder": "other/7", "specHash": "spec-b", "acquiredAt": ""}
+    leases.want(KEY, "default", "spec-a")
+    await leases.refresh([KEY])
+    state = leases.state(KEY)
+    assert not leases.holds(KEY)
+    assert state == LeaseState(False, "other/7", "spec-b") and state.differs("spec-a")
+    assert not state.differs("spec-b")
+
+
+async def test_refresh_is_a_no_op_within_a_third_of_the_ttl(world) -> None:
+    port, clock, _, leases = world
+    leases.want(KEY, "default", "spec-a")
+    await leases.refresh([KEY])
+    await leases.refresh([KEY])
+    assert [op for op, _ in port.calls] == ["acquire"]
+    clock.now += TTL / 3
+    await leases.refresh([KEY])
+    assert [op for op, _ in port.calls] == ["acquire", "renew"]
+
+
+async def test_fencing_by_time_stops_writing_a_ttl_after_the_last_renewal(world) -> None:
+    port, clock, _, leases = world
+    leases.want(KEY, "default", "spec-a")
+    await leases.refresh([KEY])
+    port.down = True  # Nomad unreachable: renewals fail, the lock is not known lost
+    for _ in range(2):
+        clock.now += TTL / 3
+        await leases.refresh([KEY])
+        assert leases.holds(KEY)
+    clock.now += TTL / 3 + 0.01  # a whole TTL since the last successful renewal was sent
+    assert not leases.holds(KEY)
+    # Nomad frees an unrenewed lock only after twice the TTL plus the lock delay, and a
+    # waiting process retries every TTL/3: well after this process stopped writing.
+    assert takeover_seconds(TTL) > TTL
+    port.down = False
+    await leases.refresh([KEY])  # the lock was still ours: renewed, held again
+    assert leases.holds(KEY)
+
+
+async def test_a_refused_renewal_loses_the_lease_and_says_so(world) -> None:
+    port, clock, events, leases = world
+    leases.want(KEY, "default", "spec-a")
+    await leases.refresh([KEY])
+    port.held[lease_path(KEY)] = "taken-over"
+    clock.now += TTL / 3
+    await leases.refresh([KEY])
+    assert not leases.holds(KEY)
+    assert [e.kind for e in events] == [EventKind.LEASE_ACQUIRED, EventKind.LEASE_LOST]
+
+
+async def test_a_spec_change_is_written_into_the_held_lease(world) -> None:
+    port, clock, _, leases = world
+    leases.want(KEY, "default", "spec-a")
+    await leases.refresh([KEY])
+    leases.want(KEY, "default", "spec-b")
+    clock.now += TTL / 3
+    await leases.refresh([KEY])
+    assert port.items[lease_path(KEY)]["specHash"] == "spec-b"
+
+
+async def test_stopping_gives_held_leases_back_and_drop_releases_one(world) -> None:
+    port, _, _, leases = world
+    leases.want(KEY, "default", "spec-a")
+    leases.want("default/other", "default", "spec-c")
+    await leases.refresh([KEY, "default/other"])
+    await leases.drop("default/other")
+    assert lease_path("default/other") not in port.held
+    await leases.stop(release=True)
+    assert port.held == {}
+    assert not leases.holds(KEY)
