@@ -17,6 +17,7 @@ from controller.lab.simulator.api_acl import AclRoutes
 from controller.lab.simulator.api_agent import AgentRoutes
 from controller.lab.simulator.api_allocs import AllocRoutes
 from controller.lab.simulator.api_events import EventRoutes
+from controller.lab.simulator.api_exec import ExecRoutes
 from controller.lab.simulator.api_jobs import JobRoutes
 from controller.lab.simulator.api_nodes import NodeRoutes
 from controller.lab.simulator.api_vars import VariableRoutes
@@ -81,6 +82,7 @@ class Api:
             EventRoutes(sim),
             VariableRoutes(sim),
             AclRoutes(sim),
+            ExecRoutes(sim, self),
         ):
             group.register(self._route)
 
@@ -131,19 +133,41 @@ class Api:
 
         A request without a token is the anonymous token; an unknown token is refused.
         """
-        if not self.sim.acl_enabled or rule.kind == "public":
+        if not self.sim.acl_enabled or rule.kind in ("public", "own_token"):
             return None
-        secret = request.headers.get("X-Nomad-Token", "")
-        auth = request.headers.get("Authorization", "")
-        if not secret and auth.startswith("Bearer "):
-            secret = auth[len("Bearer ") :].strip()
-        token = self.sim.token_for(secret) if secret else ANONYMOUS_TOKEN
-        if token is None or (rule.kind == "token" and token is ANONYMOUS_TOKEN):
+        token = self.resolve_token(self.secret_of(request))
+        if rule.kind == "token" and token is ANONYMOUS_TOKEN:
             raise denied()
         permissions = self.sim.acl.permissions(token)
         assert permissions is not None
         check(rule, permissions, namespace_of(request))
         return token
+
+    def secret_of(self, request: web.Request) -> str:
+        """The secret of X-Nomad-Token, or else of `Authorization: Bearer`."""
+        secret = request.headers.get("X-Nomad-Token", "")
+        scheme, _, rest = request.headers.get("Authorization", "").partition(" ")
+        if not secret and scheme.lower() == "bearer":
+            secret = rest.strip().split(" ", 1)[0]
+        return secret
+
+    def resolve_token(self, secret: str) -> JSON | None:
+        """The token of a secret (None with ACLs off; no secret: the anonymous token).
+
+        A secret no token has is 403 Permission denied.
+        """
+        if not self.sim.acl_enabled:
+            return None
+        token = self.sim.token_for(secret) if secret else ANONYMOUS_TOKEN
+        if token is None:
+            raise denied()
+        return token
+
+    def allows(self, token: JSON | None, namespace: str, capability: str) -> bool:
+        """Whether `token`'s policies grant a namespace capability (always with ACLs off),
+        for the routes that answer a refusal their own way (authz.OWN_TOKEN)."""
+        permissions = self.sim.acl.permissions(token)
+        return permissions is None or permissions.allow_namespace_op(namespace, capability)
 
     # ------------------------------------------------------------------ /_sim
     async def sim_route(self, request: web.Request, name: str) -> web.Response:
