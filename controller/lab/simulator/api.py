@@ -18,6 +18,7 @@ from controller.lab.simulator.api_agent import AgentRoutes
 from controller.lab.simulator.api_allocs import AllocRoutes
 from controller.lab.simulator.api_events import EventRoutes
 from controller.lab.simulator.api_exec import ExecRoutes
+from controller.lab.simulator.api_fs import FsRoutes
 from controller.lab.simulator.api_jobs import JobRoutes
 from controller.lab.simulator.api_nodes import NodeRoutes
 from controller.lab.simulator.api_vars import VariableRoutes
@@ -83,6 +84,7 @@ class Api:
             VariableRoutes(sim),
             AclRoutes(sim),
             ExecRoutes(sim, self),
+            FsRoutes(sim, self),
         ):
             group.register(self._route)
 
