@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from controller.lab.simulator.cluster import Simulator
 
 _log = logging.getLogger("poolkeeper.simulator")
+_WRITE_METHODS = {"PUT", "POST", "DELETE"}
+_DRY_RUN = re.compile(r"/v1/job/.+/plan$")  # a write method that applies nothing
 
 # Faults callable over HTTP: POST /_sim/<name> with the keyword arguments as JSON.
 SIM_FAULTS = (
@@ -47,6 +49,7 @@ SIM_FAULTS = (
     "no_capacity",
     "set_start_delay",
     "fail_starts",
+    "set_write_latency",
 )
 
 
@@ -118,6 +121,8 @@ class Api:
                 if handler is None:
                     return text(405, "Invalid method")
                 token = self.authenticate(request, _rule_of(handler))
+                if request.method in _WRITE_METHODS and not _DRY_RUN.match(path):
+                    await self.raft_commit()
                 params = {k: unquote(v) for k, v in m.groupdict().items()}
                 return await handler(request, params, token)
             return text(404, "404 page not found")
@@ -129,6 +134,11 @@ class Api:
             # A simulator bug: logged with its traceback, answered like a Nomad RPC error.
             _log.exception("simulator error on %s %s", request.method, path)
             return text(500, f"rpc error: {exc}")
+
+    async def raft_commit(self) -> None:
+        """A write is answered once Raft would have committed it (`write_latency_ms`)."""
+        if self.sim.write_latency_ms > 0:
+            await asyncio.sleep(self.sim.write_latency_ms / 1000)
 
     def authenticate(self, request: web.Request, rule: Rule) -> JSON | None:
         """The caller's token (None with ACLs off); 403 unless the route's rule allows it.

@@ -40,6 +40,7 @@ class Simulator:
         algorithm: str = "binpack",
         lock_time_scale: float = 1.0,
         exec_mode: str = "none",
+        write_latency_ms: float = 0.0,
     ) -> None:
         self.store = Store(seed, event_buffer_size)
         self.scheduler = Scheduler(self.store, algorithm)
@@ -55,6 +56,7 @@ class Simulator:
         self.api_faults = ApiFaults()
         # The clients' allocation directories; `local` runs execs there as real processes.
         self.sandboxes = Sandboxes(self.store, exec_mode)
+        self.write_latency_ms = write_latency_ms
         self.heartbeat_seconds = heartbeat_seconds  # of the event stream
         self.advertise = "127.0.0.1"
         # The tables, shared with their parts: they are changed in place, never replaced.
@@ -93,6 +95,17 @@ class Simulator:
     @property
     def exec_mode(self) -> str:
         return self.sandboxes.exec_mode
+
+    @property
+    def write_latency_ms(self) -> float:
+        """How long after a write's arrival it is applied and answered (a Raft commit)."""
+        return self._write_latency_ms
+
+    @write_latency_ms.setter
+    def write_latency_ms(self, ms: float) -> None:
+        if not ms >= 0:  # also refuses NaN
+            raise ValueError(f"invalid write latency {ms!r} ms (expected a number >= 0)")
+        self._write_latency_ms = float(ms)
 
     @property
     def algorithm(self) -> str:
@@ -285,6 +298,9 @@ class Simulator:
 
     def fail_starts(self, image: str = "*", on: bool = True) -> None:
         self.clients.fail_starts(image, on)
+
+    def set_write_latency(self, ms: float) -> None:
+        self.write_latency_ms = ms
 
     # ================================================================== inspection
     def job_list(self, namespace: str = "*") -> list[JSON]:
