@@ -139,6 +139,20 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument("--tls-cert")
     sim.add_argument("--tls-key")
+    sim.add_argument(
+        "--exec",
+        dest="exec_mode",
+        choices=("none", "local"),
+        default="none",
+        help="local: run allocation execs as real local processes (isolates nothing)",
+    )
+    sim.add_argument(
+        "--write-latency-ms",
+        type=float,
+        default=0.0,
+        metavar="N",
+        help="answer every write N ms after it arrives, as a Raft commit would",
+    )
     sim.set_defaults(handler=_command("controller.lab.simulator.command"))
 
     demo = commands.add_parser("demo", help="a scripted story on the simulator")

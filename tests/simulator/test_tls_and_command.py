@@ -10,6 +10,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from controller.cli import build_parser
 from controller.lab.simulator import Simulator, start_sim
 from controller.lab.simulator.command import main
 
@@ -68,6 +69,8 @@ def _args(**overrides: object) -> argparse.Namespace:
         "seed": 0,
         "tls_cert": None,
         "tls_key": None,
+        "exec_mode": "none",
+        "write_latency_ms": 0.0,
     }
     values.update(overrides)
     return argparse.Namespace(**values)
@@ -82,6 +85,8 @@ def _args(**overrides: object) -> argparse.Namespace:
         ({"tls_cert": "/only/cert.pem"}, "--tls-key"),
         ({"nodes": ["a", "a"]}, "'a'"),
         ({"nodes": [""]}, "--node"),
+        ({"exec_mode": "docker"}, "docker"),
+        ({"write_latency_ms": -1.0}, "-1.0"),
     ],
 )
 def test_bad_values_exit_2_with_one_line(
@@ -90,3 +95,10 @@ def test_bad_values_exit_2_with_one_line(
     assert main(_args(**overrides)) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and named in err
+
+
+def test_the_sim_command_takes_exec_and_write_latency() -> None:
+    args = build_parser().parse_args(["sim", "--exec", "local", "--write-latency-ms", "25"])
+    assert (args.exec_mode, args.write_latency_ms) == ("local", 25.0)
+    defaults = build_parser().parse_args(["sim"])
+    assert (defaults.exec_mode, defaults.write_latency_ms) == ("none", 0.0)

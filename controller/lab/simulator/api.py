@@ -17,6 +17,8 @@ from controller.lab.simulator.api_acl import AclRoutes
 from controller.lab.simulator.api_agent import AgentRoutes
 from controller.lab.simulator.api_allocs import AllocRoutes
 from controller.lab.simulator.api_events import EventRoutes
+from controller.lab.simulator.api_exec import ExecRoutes
+from controller.lab.simulator.api_fs import FsRoutes
 from controller.lab.simulator.api_jobs import JobRoutes
 from controller.lab.simulator.api_nodes import NodeRoutes
 from controller.lab.simulator.api_vars import VariableRoutes
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
     from controller.lab.simulator.cluster import Simulator
 
 _log = logging.getLogger("poolkeeper.simulator")
+_WRITE_METHODS = {"PUT", "POST", "DELETE"}
+_DRY_RUN = re.compile(r"/v1/job/.+/plan$")  # a write method that applies nothing
 
 # Faults callable over HTTP: POST /_sim/<name> with the keyword arguments as JSON.
 SIM_FAULTS = (
@@ -45,6 +49,7 @@ SIM_FAULTS = (
     "no_capacity",
     "set_start_delay",
     "fail_starts",
+    "set_write_latency",
 )
 
 
@@ -81,6 +86,8 @@ class Api:
             EventRoutes(sim),
             VariableRoutes(sim),
             AclRoutes(sim),
+            ExecRoutes(sim, self),
+            FsRoutes(sim, self),
         ):
             group.register(self._route)
 
@@ -114,6 +121,8 @@ class Api:
                 if handler is None:
                     return text(405, "Invalid method")
                 token = self.authenticate(request, _rule_of(handler))
+                if request.method in _WRITE_METHODS and not _DRY_RUN.match(path):
+                    await self.raft_commit()
                 params = {k: unquote(v) for k, v in m.groupdict().items()}
                 return await handler(request, params, token)
             return text(404, "404 page not found")
@@ -126,24 +135,51 @@ class Api:
             _log.exception("simulator error on %s %s", request.method, path)
             return text(500, f"rpc error: {exc}")
 
+    async def raft_commit(self) -> None:
+        """A write is answered once Raft would have committed it (`write_latency_ms`)."""
+        if self.sim.write_latency_ms > 0:
+            await asyncio.sleep(self.sim.write_latency_ms / 1000)
+
     def authenticate(self, request: web.Request, rule: Rule) -> JSON | None:
         """The caller's token (None with ACLs off); 403 unless the route's rule allows it.
 
         A request without a token is the anonymous token; an unknown token is refused.
         """
-        if not self.sim.acl_enabled or rule.kind == "public":
+        if not self.sim.acl_enabled or rule.kind in ("public", "own_token"):
             return None
-        secret = request.headers.get("X-Nomad-Token", "")
-        auth = request.headers.get("Authorization", "")
-        if not secret and auth.startswith("Bearer "):
-            secret = auth[len("Bearer ") :].strip()
-        token = self.sim.token_for(secret) if secret else ANONYMOUS_TOKEN
-        if token is None or (rule.kind == "token" and token is ANONYMOUS_TOKEN):
+        token = self.resolve_token(self.secret_of(request))
+        if rule.kind == "token" and token is ANONYMOUS_TOKEN:
             raise denied()
         permissions = self.sim.acl.permissions(token)
         assert permissions is not None
         check(rule, permissions, namespace_of(request))
         return token
+
+    def secret_of(self, request: web.Request) -> str:
+        """The secret of X-Nomad-Token, or else of `Authorization: Bearer`."""
+        secret = request.headers.get("X-Nomad-Token", "")
+        scheme, _, rest = request.headers.get("Authorization", "").partition(" ")
+        if not secret and scheme.lower() == "bearer":
+            secret = rest.strip().split(" ", 1)[0]
+        return secret
+
+    def resolve_token(self, secret: str) -> JSON | None:
+        """The token of a secret (None with ACLs off; no secret: the anonymous token).
+
+        A secret no token has is 403 Permission denied.
+        """
+        if not self.sim.acl_enabled:
+            return None
+        token = self.sim.token_for(secret) if secret else ANONYMOUS_TOKEN
+        if token is None:
+            raise denied()
+        return token
+
+    def allows(self, token: JSON | None, namespace: str, capability: str) -> bool:
+        """Whether `token`'s policies grant a namespace capability (always with ACLs off),
+        for the routes that answer a refusal their own way (authz.OWN_TOKEN)."""
+        permissions = self.sim.acl.permissions(token)
+        return permissions is None or permissions.allow_namespace_op(namespace, capability)
 
     # ------------------------------------------------------------------ /_sim
     async def sim_route(self, request: web.Request, name: str) -> web.Response:

@@ -14,7 +14,7 @@ from typing import Literal
 from controller.lab.simulator.acl_policy import Permissions
 from controller.lab.simulator.util import ApiError
 
-RuleKind = Literal["public", "token", "handler", "namespace", "coarse", "management"]
+RuleKind = Literal["public", "token", "handler", "own_token", "namespace", "coarse", "management"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,10 @@ class Rule:
 PUBLIC = Rule("public")  # no token is even looked at
 ANY_TOKEN = Rule("token")  # a real token, whatever its policies
 IN_HANDLER = Rule("handler")
+# The handler also finds the token itself, and answers a refusal its own way, where Nomad
+# does: exec after the WebSocket upgrade (its token may come in the first frame), as a
+# close frame; the fs routes as a plain or a streaming RPC reports it (403 or 500).
+OWN_TOKEN = Rule("own_token")
 MANAGEMENT = Rule("management")
 
 
@@ -40,6 +44,10 @@ def coarse(kind: str, write: bool = False) -> Rule:
 
 
 READ_JOB = namespace("read-job")
+# The namespace capabilities the OWN_TOKEN client routes ask `Api.allows` for.
+ALLOC_EXEC = "alloc-exec"
+ALLOC_NODE_EXEC = "alloc-node-exec"  # as well, for a task whose driver isolates nothing
+READ_FS = "read-fs"
 SUBMIT_JOB = namespace("submit-job")
 
 RULES: dict[str, Rule] = {
@@ -95,6 +103,8 @@ RULES: dict[str, Rule] = {
     "AclRoutes.acl_policy_read": IN_HANDLER,  # ... and may read them
     "AclRoutes.acl_policy_put": MANAGEMENT,
     "AclRoutes.acl_policy_delete": MANAGEMENT,
+    "ExecRoutes.client_allocation": OWN_TOKEN,  # alloc-exec in the allocation's namespace
+    "FsRoutes.fs": OWN_TOKEN,  # read-fs in the request's namespace, then the allocation's
 }
 
 # The event topics a namespace's read-job covers (nomad/event_endpoint.go); Node needs

@@ -12,6 +12,7 @@ from controller.lab.simulator.api import ApiFaults
 from controller.lab.simulator.clients import Clients
 from controller.lab.simulator.jobs import JobRegistry
 from controller.lab.simulator.nodes import NodeRegistry
+from controller.lab.simulator.sandbox import Sandboxes
 from controller.lab.simulator.scheduler import Scheduler
 from controller.lab.simulator.store import JobKey, JobRecord, Store
 from controller.lab.simulator.util import JSON
@@ -38,6 +39,8 @@ class Simulator:
         event_buffer_size: int = 100,
         algorithm: str = "binpack",
         lock_time_scale: float = 1.0,
+        exec_mode: str = "none",
+        write_latency_ms: float = 0.0,
     ) -> None:
         self.store = Store(seed, event_buffer_size)
         self.scheduler = Scheduler(self.store, algorithm)
@@ -51,6 +54,9 @@ class Simulator:
         self.variable_registry = VariableRegistry(self.store, lock_time_scale)
         self.acl = Acl(self.store, acl_enabled)
         self.api_faults = ApiFaults()
+        # The clients' allocation directories; `local` runs execs there as real processes.
+        self.sandboxes = Sandboxes(self.store, exec_mode)
+        self.write_latency_ms = write_latency_ms
         self.heartbeat_seconds = heartbeat_seconds  # of the event stream
         self.advertise = "127.0.0.1"
         # The tables, shared with their parts: they are changed in place, never replaced.
@@ -87,6 +93,21 @@ class Simulator:
         self.clients.start_delay = seconds
 
     @property
+    def exec_mode(self) -> str:
+        return self.sandboxes.exec_mode
+
+    @property
+    def write_latency_ms(self) -> float:
+        """How long after a write's arrival it is applied and answered (a Raft commit)."""
+        return self._write_latency_ms
+
+    @write_latency_ms.setter
+    def write_latency_ms(self, ms: float) -> None:
+        if not ms >= 0:  # also refuses NaN
+            raise ValueError(f"invalid write latency {ms!r} ms (expected a number >= 0)")
+        self._write_latency_ms = float(ms)
+
+    @property
     def algorithm(self) -> str:
         return self.scheduler.placement.algorithm
 
@@ -101,6 +122,10 @@ class Simulator:
 
     async def wait_for_change(self, seconds: float) -> None:
         await self.store.wait_for_change(seconds)
+
+    def shutdown(self) -> None:
+        """Kill the processes of `--exec local` and remove the allocation directories."""
+        self.sandboxes.shutdown()
 
     # ------------------------------------------------------------------ jobs
     def register_job(
@@ -273,6 +298,9 @@ class Simulator:
 
     def fail_starts(self, image: str = "*", on: bool = True) -> None:
         self.clients.fail_starts(image, on)
+
+    def set_write_latency(self, ms: float) -> None:
+        self.write_latency_ms = ms
 
     # ================================================================== inspection
     def job_list(self, namespace: str = "*") -> list[JSON]:

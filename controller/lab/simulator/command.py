@@ -57,7 +57,13 @@ def main(args: argparse.Namespace) -> int:
                 raise ValueError(f"invalid --node {name!r}")
         if len(set(nodes)) != len(nodes):
             raise ValueError(f"duplicate --node in {nodes!r}")
-        sim = Simulator(nodes=nodes, seed=args.seed, acl_enabled=args.acl_enabled)
+        sim = Simulator(
+            nodes=nodes,
+            seed=args.seed,
+            acl_enabled=args.acl_enabled,
+            exec_mode=args.exec_mode,
+            write_latency_ms=args.write_latency_ms,
+        )
     except ValueError as exc:
         print(f"poolkeeper sim: {exc}", file=sys.stderr)
         return 2

@@ -20,8 +20,9 @@ class SimServer:
     url: str
 
     async def stop(self) -> None:
-        # Streams and blocking queries would otherwise hold the shutdown open.
+        # Streams, blocking queries and exec sessions would otherwise hold the shutdown open.
         self.sim.disconnect_event_streams()
+        self.sim.shutdown()
         await self.runner.cleanup()
 
 

@@ -100,6 +100,9 @@ class Store:
         self.evals: dict[str, JSON] = {}
         self.deployments: dict[str, JSON] = {}
         self.job_touched: dict[JobKey, int] = {}
+        # Called with every committed apply, after its frame is published (the client
+        # directories end their processes here when an allocation stops or its node goes).
+        self.after_commit: list[Callable[[Txn], None]] = []
 
     def new_id(self) -> str:
         h = f"{self.rng.getrandbits(128):032x}"
@@ -145,6 +148,8 @@ class Store:
         self.broker.publish(txn.index, events)
         self._changed.set()
         self._changed = asyncio.Event()
+        for hook in self.after_commit:
+            hook(txn)
 
     def job_status(self, rec: JobRecord) -> str:
         job = rec.job

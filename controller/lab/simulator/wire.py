@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from aiohttp import web
 
 from controller.lab.simulator.bexpr import FilterError, compile_filter
+from controller.lab.simulator.gojson import go_quote
 from controller.lab.simulator.util import JSON, bad_request, parse_go_duration
 
 if TYPE_CHECKING:
@@ -21,6 +22,7 @@ MAX_WAIT = 300.0
 ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 _BOOL_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
 _BOOL_FALSE = {"0", "f", "F", "FALSE", "false", "False"}
+_INT64 = 1 << 63
 
 
 class AddRoute(Protocol):
@@ -54,15 +56,34 @@ def reply_raw(body: bytes, index: int) -> web.Response:
     return web.Response(body=body, content_type="application/json", headers=headers)
 
 
-def parse_bool(request: web.Request, name: str, default: bool = False) -> bool:
-    raw = request.query.get(name)
-    if raw is None or raw == "":
-        return default
+def go_bool(raw: str) -> bool:
+    """Go's strconv.ParseBool; the ValueError carries Go's message."""
     if raw in _BOOL_TRUE:
         return True
     if raw in _BOOL_FALSE:
         return False
-    raise bad_request(f'Failed to parse value of "{name}" ({raw}): invalid syntax')
+    raise ValueError(f"strconv.ParseBool: parsing {go_quote(raw)}: invalid syntax")
+
+
+def go_int(raw: str) -> int:
+    """Go's strconv.ParseInt(raw, 10, 64); the ValueError carries Go's message."""
+    digits = raw[1:] if raw[:1] in ("+", "-") else raw
+    if not digits or not digits.isascii() or not digits.isdigit():
+        raise ValueError(f"strconv.ParseInt: parsing {go_quote(raw)}: invalid syntax")
+    value = int(raw)
+    if not -_INT64 <= value < _INT64:
+        raise ValueError(f"strconv.ParseInt: parsing {go_quote(raw)}: value out of range")
+    return value
+
+
+def parse_bool(request: web.Request, name: str, default: bool = False) -> bool:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return go_bool(raw)
+    except ValueError:
+        raise bad_request(f'Failed to parse value of "{name}" ({raw}): invalid syntax') from None
 
 
 def parse_int(request: web.Request, name: str) -> int | None:
