@@ -17,6 +17,8 @@ from typing import Any
 from controller.core.claims import ClaimRecord
 from controller.core.fields import int_field, str_field
 from controller.core.runner_ids import META_POOL, META_TEMPLATE, is_runner_id
+from controller.core.schedule import ScheduleWindow
+from controller.core.times import parse_time, to_ns
 
 
 class RunnerState(StrEnum):
@@ -81,16 +83,21 @@ class AllocationView:
     modify_time_ns: int
     create_index: int
     restarts: int = 0
+    node_id: str = ""
+    # When its first task started (Unix ns), 0 if none has: measures start times.
+    started_time_ns: int = 0
 
     @classmethod
     def from_stub(cls, stub: Mapping[str, Any]) -> AllocationView:
         """From an AllocListStub (GET /v1/allocations) or a full allocation."""
         restarts = 0
+        started: list[int] = []
         task_states = stub.get("TaskStates")
         if isinstance(task_states, Mapping):
             for state in task_states.values():
                 if isinstance(state, Mapping):
                     restarts += int_field(state, "Restarts")
+                    started.extend(_started_ns(state))
         return cls(
             id=str_field(stub, "ID"),
             job_id=str_field(stub, "JobID"),
@@ -102,6 +109,8 @@ class AllocationView:
             modify_time_ns=int_field(stub, "ModifyTime"),
             create_index=int_field(stub, "CreateIndex"),
             restarts=restarts,
+            node_id=str_field(stub, "NodeID"),
+            started_time_ns=min(started, default=0),
         )
 
     @property
@@ -112,6 +121,43 @@ class AllocationView:
         is the seed bug, where the old allocation still reported `running`.
         """
         return self.desired_status == "run" and self.client_status in ("pending", "running")
+
+
+def _started_ns(task_state: Mapping[str, Any]) -> list[int]:
+    """A task state's StartedAt in Unix ns; nothing for Go's zero time or no time."""
+    text = task_state.get("StartedAt")
+    if not isinstance(text, str) or not text:
+        return []
+    try:
+        started = to_ns(parse_time(text))
+    except ValueError:
+        return []
+    return [started] if started > 0 else []
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """A client node, from GET /v1/nodes (the deadline from the node itself)."""
+
+    id: str
+    name: str
+    draining: bool
+    eligible: bool
+    drain_deadline: datetime | None = None
+
+    @property
+    def leaving(self) -> bool:
+        """Its allocations are to move away: it drains, or takes no new placements."""
+        return self.draining or not self.eligible
+
+
+@dataclass(frozen=True, slots=True)
+class DemandPolicy:
+    """`spec.demand`: the buffer sized by the measured claim rate (core/demand.py)."""
+
+    max_idle_runners: int | None = None
+    window_seconds: int = 300
+    cover_seconds: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +172,8 @@ class PoolPolicy:
     surge: int = 20
     mode: PoolMode = PoolMode.ACTIVE
     drain_deadline: datetime | None = None
+    demand: DemandPolicy | None = None
+    schedule: tuple[ScheduleWindow, ...] = ()
 
     @property
     def name(self) -> str:
@@ -162,6 +210,8 @@ class PoolObservation:
     allocations: Mapping[str, tuple[AllocationView, ...]] = field(default_factory=dict)
     claims: Mapping[str, ClaimRecord] = field(default_factory=dict)
     malformed_claims: frozenset[str] = frozenset()
+    # IDs of the nodes whose allocations are to move away (NodeView.leaving).
+    leaving_nodes: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
