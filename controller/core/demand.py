@@ -31,7 +31,16 @@ from enum import StrEnum
 
 from controller.core.claims import ClaimRecord
 from controller.core.schedule import schedule_floor
-from controller.core.views import AllocationView, DemandPolicy, JobView, PoolPolicy
+from controller.core.views import (
+    AllocationView,
+    DemandPolicy,
+    JobView,
+    PoolMode,
+    PoolObservation,
+    PoolPolicy,
+    Runner,
+    RunnerState,
+)
 
 # Cover time without coverSeconds: the measured p90 start time plus half of it.
 START_MARGIN = 1.5
@@ -198,3 +207,30 @@ def idle_target(
         else round(measured.start_seconds_p90, 3),
     )
     return target, pacing
+
+
+_BUFFER_STATES = frozenset({RunnerState.IDLE, RunnerState.OUTDATED, RunnerState.STARTING})
+
+
+def pass_target(
+    policy: PoolPolicy,
+    observation: PoolObservation,
+    runners: Sequence[Runner],
+    previous: Pacing | None,
+    now: datetime,
+) -> tuple[IdleTarget, Pacing | None]:
+    """One pass's idle target from the pool's observation and classified runners (none
+    for a pool being removed)."""
+    if policy.mode is not PoolMode.ACTIVE:
+        return IdleTarget.fixed(0), None
+    measured = None
+    if policy.demand is not None:
+        measured = measure(
+            policy.demand,
+            observation.claims.values(),
+            observation.jobs,
+            observation.allocations,
+            now,
+        )
+    buffer = sum(1 for runner in runners if runner.state in _BUFFER_STATES)
+    return idle_target(policy, measured, previous, buffer, now)

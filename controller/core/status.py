@@ -1,7 +1,8 @@
 """Status: counts and conditions rebuilt from the classified runners on every pass.
 
 Pure. The caller writes the result only when `needs_write` says so: when anything but
-lastReconcileTime changed, and at least once a minute.
+lastReconcileTime and the demand figures changed, and at least once a minute (the figures
+move with every claim; written alone they would make a write of every pass).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from controller.core.demand import IdleTarget
 from controller.core.problems import PoolProblem
 from controller.core.times import format_time, parse_time
 from controller.core.views import PoolMode, PoolPolicy, Runner, RunnerState
@@ -102,6 +104,7 @@ class PoolStatus:
     observed_generation: int
     last_reconcile_time: datetime
     conditions: tuple[Condition, ...]
+    target: IdleTarget
 
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)
@@ -113,12 +116,24 @@ class PoolStatus:
             "claimedRunners": self.counts.claimed,
             "outdatedRunners": self.counts.outdated,
             "totalRunners": self.counts.total,
+            "desiredIdleRunners": self.target.idle_runners,
+            "desiredIdleReason": str(self.target.reason),
+            **self._demand(),
             "selector": self.selector,
             "templateHash": self.template_hash,
             "observedGeneration": self.observed_generation,
             "lastReconcileTime": format_time(self.last_reconcile_time),
             "conditions": [condition.to_dict() for condition in self.conditions],
         }
+
+    def _demand(self) -> dict[str, Any]:
+        """`demand`, for pools whose target is sized by demand (spec.demand)."""
+        if self.target.claims_per_minute is None:
+            return {}
+        figures: dict[str, float] = {"claimsPerMinute": self.target.claims_per_minute}
+        if self.target.start_seconds_p90 is not None:
+            figures["startSecondsP90"] = self.target.start_seconds_p90
+        return {"demand": figures}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PoolStatus | None:
@@ -141,6 +156,7 @@ class PoolStatus:
                 observed_generation=int(data.get("observedGeneration", 0)),
                 last_reconcile_time=parse_time(str(data["lastReconcileTime"])),
                 conditions=tuple(Condition.from_dict(c) for c in data.get("conditions", ())),
+                target=IdleTarget.fixed(int(data.get("desiredIdleRunners", 0))),
             )
         except (KeyError, TypeError, ValueError):
             return None
@@ -160,15 +176,22 @@ def compute_status(
     breaker_open: bool,
     blocked: PoolProblem | None = None,
     refusal: PoolProblem | None = None,
+    target: IdleTarget | None = None,
 ) -> PoolStatus:
     """`blocked` says why the pool is not reconciled at all (a prefix conflict, a spec that
     was never valid); `refusal` why its newest spec was not taken (the last valid version
-    runs on)."""
+    runs on); `target` is the pass's idle target (idleRunners when not given).
+
+    Ready holds once the floor (idleRunners, or an open schedule window's) is idle;
+    Progressing follows the whole target, demand included."""
     counts = count(runners)
-    desired = policy.desired_idle if policy.mode is PoolMode.ACTIVE else 0
+    if policy.mode is not PoolMode.ACTIVE:
+        target = IdleTarget.fixed(0)
+    elif target is None:
+        target = IdleTarget.fixed(policy.desired_idle)
     wanted = [
-        _ready(policy, counts, desired, blocked),
-        _progressing(policy, counts, desired, blocked),
+        _ready(policy, counts, target.floor, blocked),
+        _progressing(policy, counts, target.idle_runners, blocked),
         _degraded(counts, breaker_open),
         _spec_accepted(refusal),
     ]
@@ -183,6 +206,7 @@ def compute_status(
         observed_generation=observed_generation,
         last_reconcile_time=now,
         conditions=conditions,
+        target=target,
     )
 
 
@@ -269,11 +293,13 @@ def _condition(
 
 
 def status_changed(old: PoolStatus | None, new: PoolStatus) -> bool:
-    """Whether anything written but lastReconcileTime differs."""
+    """Whether anything written but lastReconcileTime and the demand figures differs."""
     if old is None:
         return True
     before, after = old.to_dict(), new.to_dict()
-    del before["lastReconcileTime"], after["lastReconcileTime"]
+    for moving in ("lastReconcileTime", "demand"):
+        before.pop(moving, None)
+        after.pop(moving, None)
     return before != after
 
 

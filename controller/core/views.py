@@ -145,6 +145,27 @@ class NodeView:
     eligible: bool
     drain_deadline: datetime | None = None
 
+    @classmethod
+    def from_stub(cls, stub: Mapping[str, Any], node: Mapping[str, Any] | None = None) -> NodeView:
+        """From a NodeListStub; `node` (GET /v1/node/:id) adds a drain's deadline."""
+        strategy = node.get("DrainStrategy") if node is not None else None
+        deadline = None
+        if isinstance(strategy, Mapping):
+            text = strategy.get("ForceDeadline")
+            # Go's zero time (year 1) means a drain without a deadline.
+            if isinstance(text, str) and text and not text.startswith("0001-"):
+                try:
+                    deadline = parse_time(text)
+                except ValueError:
+                    deadline = None
+        return cls(
+            id=str_field(stub, "ID"),
+            name=str_field(stub, "Name"),
+            draining=stub.get("Drain") is True,
+            eligible=str_field(stub, "SchedulingEligibility", "eligible") != "ineligible",
+            drain_deadline=deadline,
+        )
+
     @property
     def leaving(self) -> bool:
         """Its allocations are to move away: it drains, or takes no new placements."""

@@ -30,6 +30,7 @@ class Publisher:
             breaker_open=breakers.degraded(managed.breaker),
             blocked=managed.conflict,
             refusal=managed.refusal,
+            target=managed.idle_target,
         )
         counts = count(runners)
         self._metrics.set_runner_counts(
@@ -41,7 +42,7 @@ class Publisher:
                 "outdated": counts.outdated,
                 "terminating": counts.terminating,
             },
-            managed.policy.desired_idle,
+            status.target.idle_runners,
         )
         if managed.status is not None and not needs_write(managed.status, status, now):
             return
