@@ -38,6 +38,7 @@ from pydantic import (
     StrictInt,
     StrictStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -251,18 +252,12 @@ class ScheduleSpec(_Model):
     idle_runners: Count
     time_zone: Annotated[StrictStr, Field(max_length=256)] = "UTC"
 
-    @field_validator("cron")
+    @field_validator("cron", "time_zone")
     @classmethod
-    def _cron_valid(cls, value: str) -> str:
-        problem = cron_problem(value)
-        if problem is not None:
-            raise _invalid(problem)
-        return value
-
-    @field_validator("time_zone")
-    @classmethod
-    def _time_zone_valid(cls, value: str) -> str:
-        problem = time_zone_problem(value)
+    def _parses(cls, value: str, info: ValidationInfo) -> str:
+        # The CRD holds both as plain strings: they are checked here only.
+        check = cron_problem if info.field_name == "cron" else time_zone_problem
+        problem = check(value)
         if problem is not None:
             raise _invalid(problem)
         return value
