@@ -22,7 +22,10 @@ class Metrics:
             "poolkeeper_runners", "Runners by pool and state", ["pool", "state"], registry=r
         )
         self.desired_idle = Gauge(
-            "poolkeeper_desired_idle_runners", "Desired idle runners", ["pool"], registry=r
+            "poolkeeper_desired_idle_runners",
+            "The idle target: idleRunners, a schedule floor or the demand estimate",
+            ["pool"],
+            registry=r,
         )
         self.reconcile_duration = Histogram(
             "poolkeeper_reconcile_duration_seconds",

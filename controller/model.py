@@ -14,7 +14,12 @@ Bounds beyond the contract's wording (keep the CRD schema in step with them):
 - ``nomad.namespace`` and ``nodePool`` follow Nomad's name rules;
 - ``command`` may be empty (the image's own entrypoint runs); when given, its first
   element is non-empty;
-- ``env`` keys match ``[A-Za-z_][A-Za-z0-9_]*``.
+- ``env`` keys match ``[A-Za-z_][A-Za-z0-9_]*``;
+- ``demand.windowSeconds`` is at most 600: claims are counted from claim variables and
+  their tombstones, and a tombstone is kept for ten minutes after its runner ends;
+- ``schedule`` holds at most 20 windows of at most a week each (10080 minutes), and a
+  window's ``idleRunners`` is at most ``maxRunners`` and ``demand.maxIdleRunners``, as
+  ``idleRunners`` is; ``timeZone`` defaults to ``UTC``.
 """
 
 from __future__ import annotations
@@ -35,11 +40,14 @@ from pydantic import (
     StrictInt,
     StrictStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
+
+from controller.core.schedule import cron_problem, time_zone_problem
 
 API_VERSION: Final = "poolkeeper.dev/v1alpha1"
 KIND: Final = "RunnerPool"
@@ -69,6 +77,10 @@ _SUBPATH: Final = "poolkeeper_subpath"
 
 Count = Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]
 Seconds = Annotated[StrictInt, Field(gt=0, le=INT32_MAX)]
+# Claims are counted from claim variables and tombstones; a tombstone is kept 10 minutes.
+MAX_DEMAND_WINDOW_SECONDS: Final = 600
+MAX_SCHEDULE_WINDOWS: Final = 20
+MAX_SCHEDULE_MINUTES: Final = 7 * 24 * 60
 
 
 def _invalid(message: str, subpath: str = "") -> PydanticCustomError:
@@ -230,6 +242,29 @@ class NomadSpec(_Model):
         return value
 
 
+class DemandSpec(_Model):
+    max_idle_runners: Count | None = None
+    window_seconds: Annotated[StrictInt, Field(ge=1, le=MAX_DEMAND_WINDOW_SECONDS)] = 300
+    cover_seconds: Seconds | None = None
+
+
+class ScheduleSpec(_Model):
+    cron: Annotated[StrictStr, Field(max_length=256)]
+    duration_minutes: Annotated[StrictInt, Field(ge=1, le=MAX_SCHEDULE_MINUTES)]
+    idle_runners: Count
+    time_zone: Annotated[StrictStr, Field(max_length=256)] = "UTC"
+
+    @field_validator("cron", "time_zone")
+    @classmethod
+    def _parses(cls, value: str, info: ValidationInfo) -> str:
+        # The CRD holds both as plain strings: they are checked here only.
+        check = cron_problem if info.field_name == "cron" else time_zone_problem
+        problem = check(value)
+        if problem is not None:
+            raise _invalid(problem)
+        return value
+
+
 class RunnerPoolSpec(_Model):
     idle_runners: Count
     max_runners: Count = 100
@@ -239,6 +274,10 @@ class RunnerPoolSpec(_Model):
     nomad: NomadSpec = Field(default_factory=NomadSpec)
     deletion_policy: DeletionPolicy = DeletionPolicy.DRAIN
     drain_timeout_seconds: Seconds = 3600
+    demand: DemandSpec | None = None
+    schedule: Annotated[list[ScheduleSpec], Field(max_length=MAX_SCHEDULE_WINDOWS)] = Field(
+        default_factory=list
+    )
 
     @model_validator(mode="after")
     def _idle_within_max(self) -> RunnerPoolSpec:
@@ -246,6 +285,23 @@ class RunnerPoolSpec(_Model):
             raise _invalid(
                 f"must not be greater than maxRunners ({self.max_runners})", "idleRunners"
             )
+        ceiling = self.demand.max_idle_runners if self.demand is not None else None
+        if ceiling is not None and not self.idle_runners <= ceiling <= self.max_runners:
+            raise _invalid(
+                f"must be at least idleRunners ({self.idle_runners}) and at most "
+                f"maxRunners ({self.max_runners})",
+                "demand.maxIdleRunners",
+            )
+        for index, window in enumerate(self.schedule):
+            limit, name = (
+                (ceiling, "demand.maxIdleRunners")
+                if ceiling is not None
+                else (self.max_runners, "maxRunners")
+            )
+            if window.idle_runners > limit:
+                raise _invalid(
+                    f"must not be greater than {name} ({limit})", f"schedule[{index}].idleRunners"
+                )
         return self
 
     def job_prefix_for(self, name: str) -> str:
@@ -433,10 +489,22 @@ def job_template_problems(template: Mapping[str, Any]) -> list[FieldError]:
 # --- turning pydantic errors into contract paths -----------------------------------------
 
 
+_MODELS: Final[tuple[type[BaseModel], ...]] = (
+    RunnerPool,
+    ObjectMeta,
+    RunnerPoolSpec,
+    ClaimsSpec,
+    RunnerSpec,
+    NomadSpec,
+    DemandSpec,
+    ScheduleSpec,
+)
+
+
 def _field_tables() -> dict[type[BaseModel], dict[str, tuple[str, type[BaseModel] | None]]]:
     """Per model: attribute name or alias -> (alias, nested model)."""
     tables: dict[type[BaseModel], dict[str, tuple[str, type[BaseModel] | None]]] = {}
-    for model in (RunnerPool, ObjectMeta, RunnerPoolSpec, ClaimsSpec, RunnerSpec, NomadSpec):
+    for model in _MODELS:
         table: dict[str, tuple[str, type[BaseModel] | None]] = {}
         for name, info in model.model_fields.items():
             alias = info.alias or name
@@ -451,10 +519,7 @@ def _field_tables() -> dict[type[BaseModel], dict[str, tuple[str, type[BaseModel
     return tables
 
 
-_MODELS_BY_TITLE: Final[dict[str, type[BaseModel]]] = {
-    model.__name__: model
-    for model in (RunnerPool, ObjectMeta, RunnerPoolSpec, ClaimsSpec, RunnerSpec, NomadSpec)
-}
+_MODELS_BY_TITLE: Final[dict[str, type[BaseModel]]] = {model.__name__: model for model in _MODELS}
 _FIELD_TABLES: Final = _field_tables()
 
 

@@ -71,7 +71,8 @@ def pools_table(pools: list[dict[str, Any]]) -> Table:
         status = pool.get("status", {})
         table.add_row(
             f"{pool['namespace']}/{pool['name']}",
-            str(pool["spec"]["idleRunners"]),
+            # The idle target once a pass has published it, idleRunners before.
+            str(status.get("desiredIdleRunners", pool["spec"]["idleRunners"])),
             *(
                 str(status.get(field, "-"))
                 for field in (

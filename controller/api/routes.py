@@ -11,7 +11,14 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from controller.api.bodies import read_body
-from controller.api.models import Claim, ClaimBody, ClaimList, PoolList
+from controller.api.models import (
+    Claim,
+    ClaimAnswer,
+    ClaimBody,
+    ClaimList,
+    PoolList,
+    PoolsClaimBody,
+)
 from controller.claims.service import ClaimService
 from controller.engine.engine import Engine
 from controller.metrics import Metrics
@@ -51,6 +58,12 @@ async def claim(request: web.Request) -> web.Response:
     view, created = await request.app[CLAIMS_KEY].claim(
         request.match_info["namespace"], request.match_info["name"], body.to_request()
     )
+    return web.json_response(view, status=201 if created else 200)
+
+
+async def claim_from_pools(request: web.Request) -> web.Response:
+    body = await read_body(request, PoolsClaimBody)
+    view, created = await request.app[CLAIMS_KEY].claim_from(body.pools, body.to_request())
     return web.json_response(view, status=201 if created else 200)
 
 
@@ -128,6 +141,19 @@ async def openapi(request: web.Request) -> web.Response:
 
 POOL_CLAIMS = "/v1/pools/{namespace}/{name}/claims"
 RUNNER = "/v1/runners/{runnerId}"
+CLAIMED = "a runner (or with count, the batch) was claimed"
+REPEATED = "the answer to an earlier request with this requestId"
+CLAIM_ERRORS = {
+    400: "invalid request",
+    404: "unknown pool, or a pool being removed",
+    408: "the body did not arrive in time",
+    409: "requestId used for another request (RequestIdConflict), or the pool's job "
+    "prefix belongs to another pool (PrefixConflict)",
+    410: "a runner of this requestId is gone",
+    413: "body too large",
+    503: "no pool has enough idle runners (PoolEmpty, with Retry-After; a batch takes "
+    "none), or Nomad unavailable",
+}
 
 ROUTES: tuple[Route, ...] = (
     Route(
@@ -135,22 +161,19 @@ ROUTES: tuple[Route, ...] = (
         responses={200: ("every pool", PoolList)},
     ),
     Route(
-        "POST", POOL_CLAIMS, "claimRunner", "claim an idle runner of the pool", claim,
+        "POST", POOL_CLAIMS, "claimRunner",
+        "claim an idle runner of the pool (with count, a batch: all or nothing)", claim,
         body=ClaimBody,
-        responses={
-            201: ("a runner was claimed", Claim),
-            200: ("the claim of an earlier request with this requestId", Claim),
-        },
-        errors={
-            400: "invalid request",
-            404: "unknown pool, or a pool being removed",
-            408: "the body did not arrive in time",
-            409: "requestId used for another pool (RequestIdConflict), or the pool's job "
-            "prefix belongs to another pool (PrefixConflict)",
-            410: "the runner of this requestId is gone",
-            413: "body too large",
-            503: "no idle runner (PoolEmpty, with Retry-After), or Nomad unavailable",
-        },
+        responses={201: (CLAIMED, ClaimAnswer), 200: (REPEATED, ClaimAnswer)},
+        errors=CLAIM_ERRORS,
+    ),
+    Route(
+        "POST", "/v1/claims", "claimFromPools",
+        "claim from the first pool of a list with idle runners (with count, a batch)",
+        claim_from_pools,
+        body=PoolsClaimBody,
+        responses={201: (CLAIMED, ClaimAnswer), 200: (REPEATED, ClaimAnswer)},
+        errors=CLAIM_ERRORS,
     ),
     Route(
         "GET", POOL_CLAIMS, "listClaims", "the pool's live claims", list_claims,

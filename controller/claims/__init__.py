@@ -5,7 +5,8 @@ Records (all Nomad variables in the runner's Nomad namespace; shapes in core/cla
   `claimed`) holds the runner; any other state is a tombstone saying why the runner is
   gone (`released`, `expired`, `lost`, `retired`), and a tombstoned runner is never
   claimable again.
-- `poolkeeper/requests/<requestId>`: which pool a requestId claimed from, and the runner.
+- `poolkeeper/requests/<requestId>`: what a requestId asked for (its pools, a batch's
+  count) and, once claimed, the pool and the runner (or a batch's runners).
 
 Rules (every write goes through ClaimStore, store.py):
 1. Claiming creates the claim with cas=0: of two claimers of one runner exactly one wins.
@@ -21,4 +22,17 @@ Rules (every write goes through ClaimStore, store.py):
    carrying that requestId); a record no claim carries is collected after a grace time.
 5. A tombstone is deleted only once its job is provably gone and it is ten minutes old,
    so any process, after any restart, answers a late keepalive with 410 and the reason.
+6. A batch (`count` runners of one pool, all or nothing) claims its runners one by one,
+   each with cas=0 and carrying the batch's requestId. If the pool runs out first, the
+   claims it wrote are deleted again by check-and-set on the index it wrote them with
+   (the runners were never handed out, so they are idle again), and its request record
+   is dropped. Otherwise the record is completed (check-and-set) with `runnerIds` before
+   the batch is answered. A repeat answers from the record, or, while the record is
+   still empty, from the claims carrying the requestId once all `count` are there. A
+   claimer that dies mid-batch leaves claims that end at their inactivity timeout and
+   take the record with their tombstones: no runner is ever in two answers.
+7. A claim from a list of pools keeps one request record for the whole list, in the
+   pools' common Nomad namespace (a requestId is unique per namespace, so a list with a
+   requestId must share one); the record names the list, and a repeat must ask for the
+   same list and count.
 """

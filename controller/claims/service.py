@@ -9,10 +9,11 @@ failure becomes a 503 `NomadUnavailable` for the client to retry, never a 500.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,7 @@ from controller.claims.store import ClaimStore
 from controller.core.claims import ClaimRecord, ClaimState, MalformedClaim, RequestRecord
 from controller.core.runner_ids import RUNNER_ID_PATTERN, is_runner_id
 from controller.core.times import format_time
-from controller.core.views import Runner, RunnerState
+from controller.core.views import NodeView, Runner, RunnerState
 from controller.engine.engine import Engine
 from controller.engine.registry import PoolView
 from controller.errors import ErrorCode, ServiceError
@@ -39,10 +40,15 @@ class ClaimRequest:
     inactivity_timeout_seconds: int | None = None
     request_id: str | None = None
     wait_seconds: float = 0.0
+    # None: one runner, answered as a claim; a number: a batch of that many runners of
+    # one pool, all or nothing, answered as {"claims": [...]}.
+    count: int | None = None
 
 
-def claim_view(record: ClaimRecord, ports: dict[str, int] | None = None) -> dict[str, Any]:
-    """The API's claim object."""
+def claim_view(record: ClaimRecord, node: NodeView | None = None) -> dict[str, Any]:
+    """The API's claim object; `node` is the claimed allocation's node, when known."""
+    draining = node is not None and node.draining
+    deadline = node.drain_deadline if node is not None and draining else None
     return {
         "runnerId": record.runner_id,
         "pool": record.pool,
@@ -52,7 +58,9 @@ def claim_view(record: ClaimRecord, ports: dict[str, int] | None = None) -> dict
         "expiresAt": format_time(record.expires_at),
         "inactivityTimeoutSeconds": record.inactivity_timeout_seconds,
         "requestId": record.request_id,
-        "ports": ports if ports is not None else {},
+        "ports": {},
+        "nodeDraining": draining,
+        "drainDeadline": format_time(deadline) if deadline is not None else None,
     }
 
 
@@ -85,21 +93,30 @@ class ClaimService:
     async def claim(
         self, namespace: str, name: str, request: ClaimRequest
     ) -> tuple[dict[str, Any], bool]:
-        """Claim one idle runner. Returns (claim, created): created is False when an earlier
-        claim with the same requestId is answered again."""
-        key = f"{namespace}/{name}"
-        view = self._claimable_pool(key)
+        """Claim from one pool; see claim_from."""
+        return await self.claim_from((f"{namespace}/{name}",), request)
+
+    async def claim_from(
+        self, keys: Sequence[str], request: ClaimRequest
+    ) -> tuple[dict[str, Any], bool]:
+        """Claim from the first of the pools (in order) that has idle runners: one runner,
+        or a batch of `count` runners of one pool, all or nothing. With `wait_seconds` it
+        waits for runners in any of them. Returns (the answer, created): created is False
+        when an earlier claim with the same requestId is answered again."""
+        views = [self._claimable_pool(key) for key in keys]
         started = time.perf_counter()
-        result = "error"
+        result, label = "error", views[0].key
         try:
-            inactivity = self._inactivity_seconds(view, request)
+            inactivity = {view.key: self._inactivity_seconds(view, request) for view in views}
             if request.request_id is None:
-                claim = await self._claim_runner(view, inactivity, None, request.wait_seconds)
+                records = await self._take(views, inactivity, request, None)
                 created = True
             else:
-                claim, created = await self._claim_with_request_id(view, inactivity, request)
+                records, created = await self._take_with_request_id(views, inactivity, request)
+            label = records[0].pool
             result = "claimed" if created else "repeated"
-            return claim, created
+            views_of = [claim_view(r, self._node_of(r)) for r in records]
+            return (views_of[0] if request.count is None else {"claims": views_of}), created
         except ServiceError as error:
             result = "empty" if error.code is ErrorCode.POOL_EMPTY else "rejected"
             raise
@@ -108,7 +125,7 @@ class ClaimService:
             # unexpected conflict), the client gets a 503 to retry, never a 500.
             raise unavailable(error) from None
         finally:
-            self.metrics.claims_total.labels(pool=key, result=result).inc()
+            self.metrics.claims_total.labels(pool=label, result=result).inc()
             self.metrics.claim_duration.observe(time.perf_counter() - started)
 
     def _claimable_pool(self, key: str) -> PoolView:
@@ -130,28 +147,95 @@ class ClaimService:
             raise ServiceError(
                 ErrorCode.INVALID_REQUEST,
                 f"inactivityTimeoutSeconds {request.inactivity_timeout_seconds} exceeds the "
-                f"pool's maximum of {claims.max_inactivity_timeout_seconds}",
+                f"maximum of pool {view.key} ({claims.max_inactivity_timeout_seconds})",
             )
         return request.inactivity_timeout_seconds
 
-    async def _claim_runner(
-        self, view: PoolView, inactivity: int, request_id: str | None, wait_seconds: float
-    ) -> dict[str, Any]:
-        deadline = time.monotonic() + wait_seconds
+    def _node_of(self, record: ClaimRecord) -> NodeView | None:
+        """The node of the claimed allocation, as the latest pass saw the pool's
+        allocations (by name for a claim of an allocation not observed yet)."""
+        view = self.engine.pools.get(record.pool)
+        if view is not None and view.observation is not None:
+            for allocation in view.observation.allocations.get(record.runner_id, ()):
+                if allocation.id == record.allocation_id:
+                    return self.engine.node(allocation.node_id)
+        return self.engine.node_named(record.node_name) if record.node_name else None
+
+    async def _take(
+        self,
+        views: Sequence[PoolView],
+        inactivity: dict[str, int],
+        request: ClaimRequest,
+        request_id: str | None,
+    ) -> list[ClaimRecord]:
+        """Claims from the first pool that has enough idle runners, waiting (at most
+        wait_seconds) for an observation of any of the pools while none has."""
+        count = request.count or 1
+        deadline = time.monotonic() + request.wait_seconds
         while True:
+            for view in views:
+                records = await self._take_from(view, count, inactivity[view.key], request_id)
+                if records:
+                    self.engine.hint_namespace(view.policy.nomad_namespace)
+                    return records
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                names = ", ".join(view.key for view in views)
+                wanted = "an idle runner" if count == 1 else f"{count} idle runners"
+                raise ServiceError(ErrorCode.POOL_EMPTY, f"no pool has {wanted}: {names}")
+            await self._wait_for_any(views, remaining)
+
+    async def _wait_for_any(self, views: Sequence[PoolView], within: float) -> None:
+        waits = [
+            asyncio.ensure_future(self.engine.wait_for_observation(view.key, within))
+            for view in views
+        ]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+
+    async def _take_from(
+        self, view: PoolView, count: int, inactivity: int, request_id: str | None
+    ) -> list[ClaimRecord]:
+        """`count` runners of one pool, or none: runners taken before the pool ran out are
+        given back at once (their claims deleted again, so they are idle again)."""
+        current, outdated = self._idle(view)
+        if len(current) + len(outdated) < count:
+            return []  # cannot succeed: take nothing rather than take and give back
+        taken: list[ClaimRecord] = []
+        try:
             for runner in self._candidates(view):
                 record = await self._try_claim(view, runner, inactivity, request_id)
                 if record is not None:
-                    self.engine.hint_namespace(view.policy.nomad_namespace)
-                    return claim_view(record)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise ServiceError(ErrorCode.POOL_EMPTY, f"pool {view.key} has no idle runner")
-            await self.engine.wait_for_observation(view.key, within=remaining)
+                    taken.append(record)
+                    if len(taken) == count:
+                        return taken
+        except BaseException:
+            await self._give_back(view, taken)
+            raise
+        await self._give_back(view, taken)
+        return []
+
+    async def _give_back(self, view: PoolView, records: Sequence[ClaimRecord]) -> None:
+        """Delete claims this process wrote and never handed out (check-and-set), so the
+        runners are idle again and offered again."""
+        taken = self._taken.get(view.key, {})
+        for record in records:
+            try:
+                if await self.store.withdraw(record):
+                    taken.pop(record.runner_id, None)
+                    continue
+                log.warning("claim %s changed before it could be given back", record.path)
+            except NomadError as error:
+                # The claim stays until its inactivity timeout ends it.
+                log.warning("could not give back claim %s: %s", record.path, error)
 
     def _candidates(self, view: PoolView) -> Iterator[Runner]:
-        """Idle runners (current template first, then outdated) in random order, skipping
-        those this process claimed since the pool was last observed.
+        """Idle runners (current template first, then outdated; those on nodes that drain
+        or take no new placements last) in random order, skipping those this process
+        claimed since the pool was last observed.
 
         Random order spreads concurrent claimers (and replicas) over different runners. The
         order is drawn lazily (a Fisher-Yates shuffle that stops where the caller stops,
@@ -175,16 +259,23 @@ class ClaimService:
                     yield runner
 
     def _idle(self, view: PoolView) -> tuple[list[Runner], list[Runner]]:
-        """The pool's idle and outdated runners as the last pass saw them, computed once
-        per pass rather than once per claim."""
+        """The pool's claimable runners as the last pass saw them, computed once per pass
+        rather than once per claim: the current ones, and the rest (outdated, then those
+        on leaving nodes)."""
         runners = view.runners
         cached = self._idle_cache.get(view.key)
         if cached is not None and cached[0] is runners:
             return cached[1], cached[2]
-        current = [r for r in runners if r.state is RunnerState.IDLE]
-        outdated = [r for r in runners if r.state is RunnerState.OUTDATED]
-        self._idle_cache[view.key] = (runners, current, outdated)
-        return current, outdated
+        leaving = view.observation.leaving_nodes if view.observation is not None else frozenset()
+
+        def stays(runner: Runner) -> bool:
+            return runner.allocation is None or runner.allocation.node_id not in leaving
+
+        current = [r for r in runners if r.state is RunnerState.IDLE and stays(r)]
+        rest = [r for r in runners if r.state is RunnerState.OUTDATED and stays(r)]
+        rest += [r for r in runners if r.state in _CLAIMABLE and not stays(r)]
+        self._idle_cache[view.key] = (runners, current, rest)
+        return current, rest
 
     async def _try_claim(
         self, view: PoolView, runner: Runner, inactivity: int, request_id: str | None
@@ -207,32 +298,41 @@ class ClaimService:
 
     # ---- idempotent claims ---------------------------------------------------------------
 
-    async def _claim_with_request_id(
-        self, view: PoolView, inactivity: int, request: ClaimRequest
-    ) -> tuple[dict[str, Any], bool]:
+    async def _take_with_request_id(
+        self, views: Sequence[PoolView], inactivity: dict[str, int], request: ClaimRequest
+    ) -> tuple[list[ClaimRecord], bool]:
         assert request.request_id is not None
-        namespace = view.policy.nomad_namespace
-        record, created = await self.store.create_request(request.request_id, namespace, view.key)
+        namespace = _one_namespace(views)
+        keys = tuple(view.key for view in views)
+        record, created = await self.store.create_request(
+            request.request_id, namespace, keys, request.count
+        )
         if not created:
-            return await self._answer_repeated(view, inactivity, request, record), False
+            return await self._answer_repeated(views, inactivity, request, record), False
         try:
-            claim = await self._claim_runner(
-                view, inactivity, request.request_id, request.wait_seconds
-            )
+            records = await self._take(views, inactivity, request, request.request_id)
         except (ServiceError, NomadError):
             # Nothing was claimed: free the request ID so a retry can claim afresh.
             await self._drop_request(record)
             raise
-        self._complete_request(record, claim["runnerId"])
-        return claim, True
+        runner_ids = tuple(r.runner_id for r in records)
+        if request.count is None:
+            self._complete_request(record, records[0].pool, runner_ids)
+        else:
+            # A batch waits for its record: a repeat can then answer it whole.
+            with contextlib.suppress(NomadError):
+                await self.store.complete_request(record, records[0].pool, runner_ids)
+        return records, True
 
-    def _complete_request(self, record: RequestRecord, runner_id: str) -> None:
+    def _complete_request(
+        self, record: RequestRecord, pool: str, runner_ids: tuple[str, ...]
+    ) -> None:
         """Complete the request record off the claim path: a crash before it lands is
         repaired by whoever finds the record, from the claim carrying the requestId."""
 
         async def complete() -> None:
             try:
-                await self.store.complete_request(record, runner_id)
+                await self.store.complete_request(record, pool, runner_ids)
             except NomadError as error:
                 log.warning("could not complete request record %s: %s", record.path, error)
 
@@ -251,35 +351,34 @@ class ClaimService:
             log.warning("could not drop request record %s: %s", record.path, error)
 
     async def _answer_repeated(
-        self, view: PoolView, inactivity: int, request: ClaimRequest, found: RequestRecord
-    ) -> dict[str, Any]:
+        self,
+        views: Sequence[PoolView],
+        inactivity: dict[str, int],
+        request: ClaimRequest,
+        found: RequestRecord,
+    ) -> list[ClaimRecord]:
         assert request.request_id is not None
-        namespace = view.policy.nomad_namespace
+        namespace = _one_namespace(views)
+        asked = (tuple(view.key for view in views), request.count)
         deadline = time.monotonic() + REQUEST_RECORD_WAIT_SECONDS
         current: RequestRecord | None = found if found.pool else None
         while True:
             if current is None:
                 current = await self.store.read_request(request.request_id, namespace)
                 if current is None:  # dropped by a claimer that found no runner: start over
-                    claim, _ = await self._claim_with_request_id(view, inactivity, request)
-                    return claim
-            if current.pool != view.key:
+                    records, _ = await self._take_with_request_id(views, inactivity, request)
+                    return records
+            if current.asked != asked:
                 raise ServiceError(
                     ErrorCode.REQUEST_ID_CONFLICT,
-                    f"requestId {request.request_id} was used for pool {current.pool}",
+                    f"requestId {request.request_id} was used for another request "
+                    f"(pools {', '.join(current.asked[0])}, count {current.count or 1})",
                 )
-            runner_id = current.runner_id or await self._runner_from_claims(
-                namespace, request.request_id
+            runner_ids = current.runner_ids or await self._runners_from_claims(
+                namespace, request.request_id, request.count or 1
             )
-            if runner_id:
-                record = await self._read(runner_id, namespace)
-                if record is None:
-                    raise ServiceError(
-                        ErrorCode.RUNNER_GONE, f"runner {runner_id} is gone", reason="Released"
-                    )
-                if record.is_tombstone:
-                    raise gone(record)
-                return claim_view(record)
+            if runner_ids:
+                return [await self._still_claimed(runner_id, namespace) for runner_id in runner_ids]
             if time.monotonic() >= deadline:
                 raise ServiceError(
                     ErrorCode.NOMAD_UNAVAILABLE,
@@ -288,14 +387,25 @@ class ClaimService:
             await asyncio.sleep(0.05)
             current = None
 
-    async def _runner_from_claims(self, namespace: str, request_id: str) -> str | None:
-        """The runner whose claim carries this requestId (claims read through the store's
-        cache, so only changed variables are read)."""
+    async def _still_claimed(self, runner_id: str, namespace: str) -> ClaimRecord:
+        record = await self._read(runner_id, namespace)
+        if record is None:
+            raise ServiceError(
+                ErrorCode.RUNNER_GONE, f"runner {runner_id} is gone", reason="Released"
+            )
+        if record.is_tombstone:
+            raise gone(record)
+        return record
+
+    async def _runners_from_claims(
+        self, namespace: str, request_id: str, count: int
+    ) -> tuple[str, ...]:
+        """The runners whose claims carry this requestId, once all `count` of them are
+        there (claims read through the store's cache, so only changed variables are
+        read); nothing while a batch is still being claimed."""
         claims, _ = await self.store.read_all(namespace)
-        for claim in claims.values():
-            if claim.request_id == request_id:
-                return claim.runner_id
-        return None
+        found = tuple(sorted(c.runner_id for c in claims.values() if c.request_id == request_id))
+        return found if len(found) == count else ()
 
     # ---- runner routes -------------------------------------------------------------------
 
@@ -329,7 +439,7 @@ class ClaimService:
         _, record = await self._read_claim(runner_id)
         if record.is_tombstone:
             raise gone(record)
-        return claim_view(record)
+        return claim_view(record, self._node_of(record))
 
     async def keepalive(self, runner_id: str) -> dict[str, Any]:
         for _ in range(CAS_ATTEMPTS):
@@ -342,7 +452,7 @@ class ClaimService:
                 continue  # re-read: either our tombstone or a concurrent one answers
             stored = await self._cas(record.kept_alive(now), record.modify_index)
             if stored is not None:
-                return claim_view(stored)
+                return claim_view(stored, self._node_of(stored))
         raise ServiceError(
             ErrorCode.NOMAD_UNAVAILABLE, f"runner {runner_id} changed too often; retry"
         )
@@ -391,9 +501,25 @@ class ClaimService:
         except NomadError as error:
             raise unavailable(error) from None
         return [
-            claim_view(c)
+            claim_view(c, self._node_of(c))
             for c in sorted(claims.values(), key=lambda c: c.claimed_at)
             if c.pool == key
             and not c.is_tombstone
             and is_runner_id(view.policy.job_prefix, c.runner_id)
         ]
+
+
+_CLAIMABLE = frozenset({RunnerState.IDLE, RunnerState.OUTDATED})
+
+
+def _one_namespace(views: Sequence[PoolView]) -> str:
+    """The Nomad namespace of every pool of a request with a requestId (request IDs are
+    unique per Nomad namespace, so its pools must share one)."""
+    namespaces = {view.policy.nomad_namespace for view in views}
+    if len(namespaces) > 1:
+        raise ServiceError(
+            ErrorCode.INVALID_REQUEST,
+            "with requestId every pool must be in the same Nomad namespace; "
+            f"these are in {', '.join(sorted(namespaces))}",
+        )
+    return namespaces.pop()

@@ -86,6 +86,17 @@ class ClaimStore:
             await self._port.delete_variable(request_path(record.request_id), record.namespace)
         return True
 
+    async def withdraw(self, record: ClaimRecord) -> bool:
+        """Delete a claim this process wrote and never handed out (check-and-set on its
+        index), so the untouched runner is idle again; False when it changed meanwhile.
+        Unlike `delete`, the request record stays: it belongs to the request, not to this
+        runner."""
+        try:
+            await self._port.delete_variable(record.path, record.namespace, cas=record.modify_index)
+        except NomadConflict:
+            return False
+        return True
+
     async def read(self, runner_id: str, namespace: str) -> ClaimRecord | None:
         """The runner's claim as Nomad holds it now, or None when there is none. Raises
         MalformedClaim for a variable that does not parse."""
@@ -148,23 +159,26 @@ class ClaimStore:
     # -- request records -----------------------------------------------------------------
 
     async def create_request(
-        self, request_id: str, namespace: str, pool: str
+        self, request_id: str, namespace: str, pools: tuple[str, ...], count: int | None
     ) -> tuple[RequestRecord, bool]:
-        """Take a requestId (cas=0). Returns (record, True) when this call took it, or
-        (the record Nomad holds, False) when it was taken before; that record may still
-        be empty if its writer has only just created it."""
-        record = RequestRecord(request_id, namespace, pool)
+        """Take a requestId (cas=0) for a claim from `pools` (in order) of `count` runners
+        (None: one, not a batch). Returns (record, True) when this call took it, or (the
+        record Nomad holds, False) when it was taken before; that record may still be
+        empty if its writer has only just created it."""
+        record = RequestRecord.new(request_id, namespace, pools, count)
         try:
             stored = await self._port.put_variable(record.path, record.to_items(), namespace, cas=0)
         except NomadConflict as conflict:
             return RequestRecord.from_variable(conflict.current or {"Path": record.path}), False
         return RequestRecord.from_variable(stored), True
 
-    async def complete_request(self, record: RequestRecord, runner_id: str) -> None:
-        """Note the claimed runner in the request record (check-and-set)."""
+    async def complete_request(
+        self, record: RequestRecord, pool: str, runner_ids: tuple[str, ...]
+    ) -> None:
+        """Note the claimed pool and runners in the request record (check-and-set)."""
         await self._port.put_variable(
             record.path,
-            record.completed(runner_id).to_items(),
+            record.completed(pool, runner_ids).to_items(),
             record.namespace,
             cas=record.modify_index,
         )

@@ -33,8 +33,12 @@ _ITEM_REQUEST = "requestId"
 _ITEM_STATE = "state"
 _ITEM_RESTARTS = "allocationRestarts"
 _ITEM_NODE = "nodeName"
-# An item of request records, not of claims.
+# Items of request records, not of claims.
 _ITEM_RUNNER = "runnerId"
+_ITEM_RUNNERS = "runnerIds"  # a batch: its runners, comma-separated
+_ITEM_POOLS = "pools"  # a claim from a list of pools: the list, comma-separated
+_ITEM_COUNT = "count"  # a batch: how many runners it claims
+_REQUEST_ITEMS = frozenset({_ITEM_POOL, _ITEM_RUNNER, _ITEM_RUNNERS, _ITEM_POOLS, _ITEM_COUNT})
 _KNOWN_ITEMS = frozenset(
     {
         _ITEM_POOL,
@@ -249,33 +253,49 @@ def _parse_count(text: str) -> int:
 
 @dataclass(frozen=True, slots=True)
 class RequestRecord:
-    """`poolkeeper/requests/<requestId>`: which pool a requestId was used for and, once
-    known, which runner it claimed. Created with cas=0 before the claim, so a requestId
-    claims at most once per Nomad namespace."""
+    """`poolkeeper/requests/<requestId>`: what a requestId asked for and, once known, which
+    runners it claimed. Created with cas=0 before the claims, so a requestId claims at
+    most once per Nomad namespace.
+
+    Items: `pool` (the pool claimed from; until then the first pool asked for), `pools`
+    (a claim from a list of pools: the list), `count` (a batch: how many runners) and,
+    once the claims are written, `runnerId` (one runner) or `runnerIds` (a batch)."""
 
     request_id: str
     namespace: str
     pool: str
-    runner_id: str | None = None
+    pools: tuple[str, ...] = ()  # only for a list of more than one pool
+    count: int | None = None  # None: one runner, not a batch
+    runner_ids: tuple[str, ...] = ()
     modify_index: int = 0
     extra: dict[str, str] = field(default_factory=dict, hash=False)
+
+    @classmethod
+    def new(
+        cls, request_id: str, namespace: str, pools: tuple[str, ...], count: int | None
+    ) -> RequestRecord:
+        return cls(request_id, namespace, pools[0], pools if len(pools) > 1 else (), count)
 
     @classmethod
     def from_variable(cls, var: Mapping[str, Any]) -> RequestRecord:
         path = str_field(var, "Path")
         items = var.get("Items")
         items = items if isinstance(items, Mapping) else {}
-        runner_id = items.get(_ITEM_RUNNER)
+        runners = items.get(_ITEM_RUNNERS) or items.get(_ITEM_RUNNER)
+        pools = items.get(_ITEM_POOLS)
+        count = items.get(_ITEM_COUNT)
         return cls(
             request_id=path.removeprefix(REQUESTS_PREFIX),
             namespace=str_field(var, "Namespace", "default") or "default",
             pool=str(items.get(_ITEM_POOL, "")),
-            runner_id=runner_id if isinstance(runner_id, str) and runner_id else None,
+            pools=tuple(pools.split(",")) if isinstance(pools, str) and pools else (),
+            count=int(count) if isinstance(count, str) and count.isdigit() else None,
+            runner_ids=tuple(runners.split(",")) if isinstance(runners, str) and runners else (),
             modify_index=int_field(var, "ModifyIndex"),
             extra={
                 str(k): v
                 for k, v in items.items()
-                if k not in (_ITEM_POOL, _ITEM_RUNNER) and isinstance(v, str)
+                if k not in _REQUEST_ITEMS and isinstance(v, str)
             },
         )
 
@@ -283,11 +303,22 @@ class RequestRecord:
     def path(self) -> str:
         return request_path(self.request_id)
 
-    def completed(self, runner_id: str) -> RequestRecord:
-        return dataclasses.replace(self, runner_id=runner_id)
+    @property
+    def asked(self) -> tuple[tuple[str, ...], int | None]:
+        """What the request asked for: the pools in order and the batch size. A repeat
+        must ask for the same."""
+        return (self.pools or (self.pool,), self.count)
+
+    def completed(self, pool: str, runner_ids: tuple[str, ...]) -> RequestRecord:
+        return dataclasses.replace(self, pool=pool, runner_ids=runner_ids)
 
     def to_items(self) -> dict[str, str]:
         items = {**self.extra, _ITEM_POOL: self.pool}
-        if self.runner_id is not None:
-            items[_ITEM_RUNNER] = self.runner_id
+        if self.pools:
+            items[_ITEM_POOLS] = ",".join(self.pools)
+        if self.count is not None:
+            items[_ITEM_COUNT] = str(self.count)
+        if self.runner_ids:
+            key = _ITEM_RUNNER if self.count is None else _ITEM_RUNNERS
+            items[key] = ",".join(self.runner_ids)
         return items

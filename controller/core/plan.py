@@ -1,7 +1,13 @@
-"""Plan: what to create and destroy so the pool reaches its desired idle count.
+"""Plan: what to create and destroy so the pool reaches its idle target.
 
-Pure: it takes the classified runners and `now`, and returns actions. Every destroy
-names the claim variable the I/O side must hold first (controller/claims/__init__.py).
+Pure: it takes the classified runners, the idle target (core/demand.py) and `now`, and
+returns actions. Every destroy names the claim variable the I/O side must hold first
+(controller/claims/__init__.py).
+
+An idle runner on a node that drains or takes no new placements is replaced before
+Nomad moves it: it is not counted toward the target, so its replacement is created (and
+placed elsewhere), and it is retired like an outdated runner, only while the claimable
+runners exceed the target. So a drain never takes the idle count below the target.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ class DestroyReason(StrEnum):
     RETIRED = "retired"
     DRAIN = "drain"
     DELETE = "delete"
+    NODE_LEAVING = "node_leaving"  # an idle runner on a draining or ineligible node
 
 
 # A tombstone's job is purged again under the reason its tombstone records.
@@ -118,7 +125,11 @@ def plan(
     runners: Sequence[Runner],
     now: datetime,
     creation_allowed: bool,
+    *,
+    target: int,
 ) -> Plan:
+    """`target` is the idle target of this pass (idleRunners, a schedule floor or the
+    demand estimate)."""
     destroy = _Destroys()
 
     idle: list[Runner] = []
@@ -164,24 +175,44 @@ def plan(
         for runner in (*idle, *outdated, *starting):
             destroy(runner, reason)
     else:
-        create = _scale(policy, runners, idle, outdated, starting, destroy, creation_allowed)
+        # Runners on leaving nodes are replaced first, oldest first, then outdated ones.
+        leaving = observation.leaving_nodes
+        replaced = [
+            (r, DestroyReason.NODE_LEAVING)
+            for r in _oldest_first(idle + outdated)
+            if _on(r, leaving)
+        ]
+        replaced += [
+            (r, DestroyReason.OUTDATED) for r in _oldest_first(outdated) if not _on(r, leaving)
+        ]
+        idle = [r for r in idle if not _on(r, leaving)]
+        create = _scale(
+            policy, target, runners, idle, replaced, starting, destroy, creation_allowed
+        )
 
     forget, lose = _leftover_claims(observation, now)
     return Plan(create=create, destroy=destroy.all(), forget=forget, lose=lose)
 
 
+def _on(runner: Runner, nodes: frozenset[str]) -> bool:
+    return runner.allocation is not None and runner.allocation.node_id in nodes
+
+
 def _scale(
     policy: PoolPolicy,
+    target: int,
     runners: Sequence[Runner],
     idle: list[Runner],
-    outdated: list[Runner],
+    replaced: list[tuple[Runner, DestroyReason]],
     starting: list[Runner],
     destroy: _Destroys,
     creation_allowed: bool,
 ) -> int:
-    desired = max(0, policy.desired_idle)
+    """`idle` are the current idle runners that stay; `replaced` the claimable runners to
+    replace (on leaving nodes, or of an older template), in the order to retire them."""
+    desired = max(0, target)
 
-    # Scale down: only current runners make a surplus; outdated ones go below. Starting
+    # Scale down: only current runners make a surplus; replaced ones go below. Starting
     # runners go first (nobody can claim them yet), then the newest idle ones.
     surplus = len(idle) + len(starting) - desired
     idle_left = len(idle)
@@ -194,13 +225,12 @@ def _scale(
             destroy(runner, DestroyReason.SCALE_DOWN)
         idle_left -= len(doomed_idle)
 
-    # Rolling update without unavailability: an outdated idle runner is retired only
-    # while the claimable ones (idle + outdated) exceed the desired count.
-    by_age = _oldest_first(outdated)
-    retire = min(len(by_age), max(0, idle_left + len(by_age) - desired))
-    for runner in by_age[:retire]:
-        destroy(runner, DestroyReason.OUTDATED)
-    outdated_left = by_age[retire:]
+    # Rolling update without unavailability: a runner to replace is retired only while
+    # the claimable ones (idle + to replace) exceed the desired count.
+    retire = min(len(replaced), max(0, idle_left + len(replaced) - desired))
+    for runner, why in replaced[:retire]:
+        destroy(runner, why)
+    outdated_left = replaced[retire:]
 
     want = max(0, desired - (len(idle) + len(starting)))
     total = sum(1 for runner in runners if not runner.job.dead)
@@ -210,13 +240,13 @@ def _scale(
     create = min(want, headroom, max(0, policy.surge))
 
     # maxRunners leaves no room for the replacements a rollout needs: give up a bounded
-    # number of outdated runners, counting jobs already on their way out as room to come.
+    # number of runners to replace, counting jobs already on their way out as room to come.
     if want > headroom and outdated_left:
         in_flight = sum(1 for runner in runners if runner.id in destroy and not runner.job.dead)
         budget = max(1, desired // _ROLLOUT_UNAVAILABLE_SHARE)
         extra = min(len(outdated_left), want - headroom - in_flight, budget - in_flight)
-        for runner in outdated_left[: max(0, extra)]:
-            destroy(runner, DestroyReason.OUTDATED)
+        for runner, why in outdated_left[: max(0, extra)]:
+            destroy(runner, why)
     return create
 
 

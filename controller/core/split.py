@@ -16,6 +16,7 @@ def split_observation(
     allocations: Iterable[AllocationView] | Mapping[str, Iterable[AllocationView]],
     claims: Iterable[ClaimRecord] | Mapping[str, ClaimRecord],
     malformed: Iterable[str | tuple[str, str]] = (),
+    leaving_nodes: frozenset[str] = frozenset(),
 ) -> tuple[dict[str, PoolObservation], list[JobView]]:
     """Share one namespace-wide read among pools (the ownership rule of docs/reference.md).
 
@@ -23,6 +24,8 @@ def split_observation(
     job ID come from the values). `malformed` holds runner IDs, or (namespace,
     runner ID) pairs when several namespaces are mixed; a malformed claim has no
     readable `pool` item, so it is attributed by namespace and job prefix alone.
+
+    `leaving_nodes` (draining or ineligible nodes) is the same for every pool.
 
     Returns each pool's observation and the orphans: runner-shaped jobs whose
     `poolkeeper_pool` names none of the given pools. A job whose Meta names a given
@@ -81,6 +84,7 @@ def split_observation(
             allocations={job_id: tuple(a) for job_id, a in pool_allocs[key].items()},
             claims=pool_claims[key],
             malformed_claims=frozenset(pool_malformed[key]),
+            leaving_nodes=leaving_nodes,
         )
         for key in by_key
     }

@@ -1,7 +1,8 @@
 """Status: counts and conditions rebuilt from the classified runners on every pass.
 
 Pure. The caller writes the result only when `needs_write` says so: when anything but
-lastReconcileTime changed, and at least once a minute.
+lastReconcileTime and the demand figures changed, and at least once a minute (the figures
+move with every claim; written alone they would make a write of every pass).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from controller.core.breaker import BreakerState, degraded
+from controller.core.demand import IdleTarget
 from controller.core.leases import LeaseState
 from controller.core.problems import PoolProblem, Problem
 from controller.core.times import format_time, parse_time
@@ -104,6 +106,7 @@ class PoolStatus:
     observed_generation: int
     last_reconcile_time: datetime
     conditions: tuple[Condition, ...]
+    target: IdleTarget
     reconciled_by: str = ""  # the holder of the pool's lease, when known
 
     def condition(self, type_: str) -> Condition | None:
@@ -117,12 +120,24 @@ class PoolStatus:
             "claimedRunners": self.counts.claimed,
             "outdatedRunners": self.counts.outdated,
             "totalRunners": self.counts.total,
+            "desiredIdleRunners": self.target.idle_runners,
+            "desiredIdleReason": str(self.target.reason),
+            **self._demand(),
             "selector": self.selector,
             "templateHash": self.template_hash,
             "observedGeneration": self.observed_generation,
             "lastReconcileTime": format_time(self.last_reconcile_time),
             "conditions": [condition.to_dict() for condition in self.conditions],
         }
+
+    def _demand(self) -> dict[str, Any]:
+        """`demand`, for pools whose target is sized by demand (spec.demand)."""
+        if self.target.claims_per_minute is None:
+            return {}
+        figures: dict[str, float] = {"claimsPerMinute": self.target.claims_per_minute}
+        if self.target.start_seconds_p90 is not None:
+            figures["startSecondsP90"] = self.target.start_seconds_p90
+        return {"demand": figures}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PoolStatus | None:
@@ -145,6 +160,7 @@ class PoolStatus:
                 observed_generation=int(data.get("observedGeneration", 0)),
                 last_reconcile_time=parse_time(str(data["lastReconcileTime"])),
                 conditions=tuple(Condition.from_dict(c) for c in data.get("conditions", ())),
+                target=IdleTarget.fixed(int(data.get("desiredIdleRunners", 0))),
                 reconciled_by=str(data.get("reconciledBy", "")),
             )
         except (KeyError, TypeError, ValueError):
@@ -167,18 +183,26 @@ def compute_status(
     refusal: PoolProblem | None = None,
     lease: LeaseState | None = None,
     spec_hash: str = "",
+    target: IdleTarget | None = None,
 ) -> PoolStatus:
     """`blocked` says why the pool is not reconciled at all (a prefix conflict, a spec that
     was never valid); `refusal` why its newest spec was not taken (the last valid version
     runs on); `lease` who reconciles it (None: leases do not apply, as for a claims-only
-    replica), compared with this process's `spec_hash`."""
+    replica), compared with this process's `spec_hash`; `target` is the pass's idle target
+    (idleRunners when not given).
+
+    Ready holds once the floor (idleRunners, or an open schedule window's) is idle;
+    Progressing follows the whole target, demand included."""
     counts = count(runners)
-    desired = policy.desired_idle if policy.mode is PoolMode.ACTIVE else 0
+    if policy.mode is not PoolMode.ACTIVE:
+        target = IdleTarget.fixed(0)
+    elif target is None:
+        target = IdleTarget.fixed(policy.desired_idle)
     if blocked is None and lease is not None and not lease.held:
         blocked = PoolProblem(Problem.LEASE_HELD_ELSEWHERE, _elsewhere(lease))
     wanted = [
-        _ready(policy, counts, desired, blocked),
-        _progressing(policy, counts, desired, blocked),
+        _ready(policy, counts, target.floor, blocked),
+        _progressing(policy, counts, target.idle_runners, blocked),
         _degraded(counts, breaker, lease is not None and lease.differs(spec_hash)),
         _spec_accepted(refusal),
     ]
@@ -193,6 +217,7 @@ def compute_status(
         observed_generation=observed_generation,
         last_reconcile_time=now,
         conditions=conditions,
+        target=target,
         reconciled_by=lease.holder if lease is not None else "",
     )
 
@@ -293,11 +318,13 @@ def _condition(
 
 
 def status_changed(old: PoolStatus | None, new: PoolStatus) -> bool:
-    """Whether anything written but lastReconcileTime differs."""
+    """Whether anything written but lastReconcileTime and the demand figures differs."""
     if old is None:
         return True
     before, after = old.to_dict(), new.to_dict()
-    del before["lastReconcileTime"], after["lastReconcileTime"]
+    for moving in ("lastReconcileTime", "demand"):
+        before.pop(moving, None)
+        after.pop(moving, None)
     return before != after
 
 

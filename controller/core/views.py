@@ -17,6 +17,8 @@ from typing import Any
 from controller.core.claims import ClaimRecord
 from controller.core.fields import int_field, str_field
 from controller.core.runner_ids import META_POOL, META_TEMPLATE, is_runner_id
+from controller.core.schedule import ScheduleWindow
+from controller.core.times import parse_time, to_ns
 
 
 class RunnerState(StrEnum):
@@ -96,9 +98,11 @@ class AllocationView:
     modify_time_ns: int
     create_index: int
     restarts: int = 0
-    # Whether any task of it ever started: a runner that once ran and then ended (drained,
-    # lost with its node, finished) did not fail to start.
-    started: bool = False
+    node_id: str = ""
+    # When its first task started (Unix ns), 0 if none has: a runner that once ran and
+    # then ended (drained, lost with its node, finished) did not fail to start, and start
+    # times are measured from it.
+    started_time_ns: int = 0
     # The last task event that failed a task ("Driver Failure: Failed to pull ..."), if any.
     failure: str = ""
 
@@ -106,14 +110,14 @@ class AllocationView:
     def from_stub(cls, stub: Mapping[str, Any]) -> AllocationView:
         """From an AllocListStub (GET /v1/allocations?task_states=true) or a full one."""
         restarts = 0
-        started = False
+        started: list[int] = []
         failure = ""
         task_states = stub.get("TaskStates")
         if isinstance(task_states, Mapping):
             for state in task_states.values():
                 if isinstance(state, Mapping):
                     restarts += int_field(state, "Restarts")
-                    started = started or _has_started(state)
+                    started.extend(_started_ns(state))
                     failure = _last_failure(state) or failure
         return cls(
             id=str_field(stub, "ID"),
@@ -126,9 +130,14 @@ class AllocationView:
             modify_time_ns=int_field(stub, "ModifyTime"),
             create_index=int_field(stub, "CreateIndex"),
             restarts=restarts,
-            started=started,
+            node_id=str_field(stub, "NodeID"),
+            started_time_ns=min(started, default=0),
             failure=failure,
         )
+
+    @property
+    def started(self) -> bool:
+        return self.started_time_ns > 0
 
     @property
     def live(self) -> bool:
@@ -140,15 +149,8 @@ class AllocationView:
         return self.desired_status == "run" and self.client_status in ("pending", "running")
 
 
-# Go's zero time, which Nomad writes for a task that never started.
-_NEVER = "0001-01-01T00:00:00Z"
 # Task event types that mean the task could not be started.
 _START_FAILURES = frozenset({"Driver Failure", "Setup Failure", "Failed Validation"})
-
-
-def _has_started(task_state: Mapping[str, Any]) -> bool:
-    started_at = task_state.get("StartedAt")
-    return isinstance(started_at, str) and bool(started_at) and started_at != _NEVER
 
 
 def _last_failure(task_state: Mapping[str, Any]) -> str:
@@ -194,6 +196,64 @@ def placement_failure(evaluations: Iterable[Mapping[str, Any]]) -> str:
     return "; ".join(parts)
 
 
+def _started_ns(task_state: Mapping[str, Any]) -> list[int]:
+    """A task state's StartedAt in Unix ns; nothing for Go's zero time or no time."""
+    text = task_state.get("StartedAt")
+    if not isinstance(text, str) or not text:
+        return []
+    try:
+        started = to_ns(parse_time(text))
+    except ValueError:
+        return []
+    return [started] if started > 0 else []
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """A client node, from GET /v1/nodes (the deadline from the node itself)."""
+
+    id: str
+    name: str
+    draining: bool
+    eligible: bool
+    drain_deadline: datetime | None = None
+
+    @classmethod
+    def from_stub(cls, stub: Mapping[str, Any], node: Mapping[str, Any] | None = None) -> NodeView:
+        """From a NodeListStub; `node` (GET /v1/node/:id) adds a drain's deadline."""
+        strategy = node.get("DrainStrategy") if node is not None else None
+        deadline = None
+        if isinstance(strategy, Mapping):
+            text = strategy.get("ForceDeadline")
+            # Go's zero time (year 1) means a drain without a deadline.
+            if isinstance(text, str) and text and not text.startswith("0001-"):
+                try:
+                    deadline = parse_time(text)
+                except ValueError:
+                    deadline = None
+        return cls(
+            id=str_field(stub, "ID"),
+            name=str_field(stub, "Name"),
+            draining=stub.get("Drain") is True,
+            eligible=str_field(stub, "SchedulingEligibility", "eligible") != "ineligible",
+            drain_deadline=deadline,
+        )
+
+    @property
+    def leaving(self) -> bool:
+        """Its allocations are to move away: it drains, or takes no new placements."""
+        return self.draining or not self.eligible
+
+
+@dataclass(frozen=True, slots=True)
+class DemandPolicy:
+    """`spec.demand`: the buffer sized by the measured claim rate (core/demand.py)."""
+
+    max_idle_runners: int | None = None
+    window_seconds: int = 300
+    cover_seconds: int | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class PoolPolicy:
     key: str
@@ -206,6 +266,8 @@ class PoolPolicy:
     surge: int = 20
     mode: PoolMode = PoolMode.ACTIVE
     drain_deadline: datetime | None = None
+    demand: DemandPolicy | None = None
+    schedule: tuple[ScheduleWindow, ...] = ()
 
     @property
     def name(self) -> str:
@@ -242,6 +304,8 @@ class PoolObservation:
     allocations: Mapping[str, tuple[AllocationView, ...]] = field(default_factory=dict)
     claims: Mapping[str, ClaimRecord] = field(default_factory=dict)
     malformed_claims: frozenset[str] = frozenset()
+    # IDs of the nodes whose allocations are to move away (NodeView.leaving).
+    leaving_nodes: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

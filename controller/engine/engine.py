@@ -19,7 +19,7 @@ from controller.core.problems import PoolProblem
 from controller.core.runner_ids import is_runner_id
 from controller.core.status import PoolStatus
 from controller.core.times import utcnow
-from controller.core.views import PoolMode
+from controller.core.views import NodeView, PoolMode
 from controller.engine.apply import Applier
 from controller.engine.drains import Drains
 from controller.engine.leases import Leases
@@ -187,6 +187,14 @@ class Engine:
 
     def namespaces(self) -> set[str]:
         return self._registry.namespaces()
+
+    def node(self, node_id: str) -> NodeView | None:
+        """A client node as the latest pass saw it."""
+        return self._reconciler.nodes.get(node_id)
+
+    def node_named(self, name: str) -> NodeView | None:
+        """A client node by name (claims written without the allocation observed yet)."""
+        return next((n for n in self._reconciler.nodes.values() if n.name == name), None)
 
     def ready(self) -> list[str]:
         """Keys of the reconciled pools not observed yet; empty when the engine is ready."""

@@ -1,8 +1,10 @@
 """Observe: read one Nomad namespace as it is now, with as few calls as possible.
 
-One pass lists the namespace's jobs (with Meta), its allocations and the metadata of its
-claim variables, concurrently; the claim store reads again only the claim variables
-whose ModifyIndex changed since it last saw them (Nomad's variable list carries no Items).
+One pass lists the namespace's jobs (with Meta), its allocations, the metadata of its
+claim variables and the client nodes, concurrently; the claim store reads again only the
+claim variables whose ModifyIndex changed since it last saw them (Nomad's variable list
+carries no Items), and a draining node is read once per change of it (the list carries
+no drain deadline).
 
 Job and allocation views are kept between passes and rebuilt only for stubs whose
 ModifyIndex moved (Nomad bumps it on every change of a job or an allocation, client
@@ -20,7 +22,7 @@ from typing import Any
 from controller.claims.store import ClaimStore
 from controller.core.claims import CLAIMS_PREFIX, ClaimRecord
 from controller.core.runner_ids import META_POOL
-from controller.core.views import AllocationView, JobView
+from controller.core.views import AllocationView, JobView, NodeView
 from controller.engine.offload import compute
 from controller.nomad.port import NomadPort
 
@@ -34,15 +36,21 @@ class NamespaceObservation:
     allocations: dict[str, tuple[AllocationView, ...]]
     claims: dict[str, ClaimRecord]
     malformed_claims: frozenset[str]
+    nodes: tuple[NodeView, ...] = ()
+
+    @property
+    def leaving_nodes(self) -> frozenset[str]:
+        return frozenset(node.id for node in self.nodes if node.leaving)
 
 
 @dataclass
 class ViewCache:
-    """The job and allocation views observe built so far in one namespace, keyed by ID
-    (rebuilt only when ModifyIndex moves)."""
+    """The job, allocation and node views observe built so far in one namespace, keyed by
+    ID (rebuilt only when ModifyIndex moves)."""
 
     jobs: dict[str, tuple[int, JobView]] = field(default_factory=dict)
     allocations: dict[str, tuple[int, AllocationView]] = field(default_factory=dict)
+    nodes: dict[str, tuple[int, NodeView]] = field(default_factory=dict)
 
 
 def _views(
@@ -82,22 +90,44 @@ def _views(
 async def observe_namespace(
     port: NomadPort, store: ClaimStore, namespace: str, cache: ViewCache
 ) -> NamespaceObservation:
-    job_stubs, alloc_stubs, variable_metas = await asyncio.gather(
+    job_stubs, alloc_stubs, variable_metas, node_stubs = await asyncio.gather(
         port.list_jobs(namespace),
         port.list_allocations(namespace),
         port.list_variables(CLAIMS_PREFIX, namespace),
+        port.list_nodes(),
     )
     jobs, allocations, cache.jobs, cache.allocations = await compute(
         len(job_stubs), _views, job_stubs, alloc_stubs, cache.jobs, cache.allocations
     )
     claims, malformed = await store.read_all(namespace, variable_metas)
+    nodes = await _node_views(port, node_stubs, cache)
     return NamespaceObservation(
         namespace=namespace,
         jobs=jobs,
         allocations=allocations,
         claims=claims,
         malformed_claims=frozenset(malformed),
+        nodes=nodes,
     )
+
+
+async def _node_views(
+    port: NomadPort, stubs: list[dict[str, Any]], cache: ViewCache
+) -> tuple[NodeView, ...]:
+    """Views of the nodes, reusing unchanged ones; a draining node whose stub changed is
+    read for its deadline."""
+    seen: dict[str, tuple[int, NodeView]] = {}
+    for stub in stubs:
+        node_id, index = stub.get("ID"), stub.get("ModifyIndex")
+        if not isinstance(node_id, str):
+            continue
+        hit = cache.nodes.get(node_id)
+        if hit is None or hit[0] != index or not isinstance(index, int):
+            detail = await port.read_node(node_id) if stub.get("Drain") is True else None
+            hit = (index if isinstance(index, int) else -1, NodeView.from_stub(stub, detail))
+        seen[node_id] = hit
+    cache.nodes = seen
+    return tuple(view for _, view in seen.values())
 
 
 def _job_views(

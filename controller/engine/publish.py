@@ -31,6 +31,7 @@ class Publisher:
             refusal=managed.refusal,
             lease=managed.lease,
             spec_hash=managed.spec_hash,
+            target=managed.idle_target,
         )
         counts = count(runners)
         self._metrics.set_runner_counts(
@@ -42,7 +43,7 @@ class Publisher:
                 "outdated": counts.outdated,
                 "terminating": counts.terminating,
             },
-            managed.policy.desired_idle,
+            status.target.idle_runners,
         )
         self._metrics.set_conditions(
             managed.key, {c.type: c.status == "True" for c in status.conditions}

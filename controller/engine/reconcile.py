@@ -19,12 +19,14 @@ from datetime import datetime, timedelta
 from controller.claims.store import ClaimStore
 from controller.core import breaker as breakers
 from controller.core.classify import classify
+from controller.core.demand import pass_target
 from controller.core.events import EventSink, breaker_closed, breaker_opened, spec_differs
 from controller.core.leases import LeaseState
 from controller.core.plan import DestroyReason, Plan, plan
 from controller.core.split import split_observation
 from controller.core.views import (
     JobView,
+    NodeView,
     PoolObservation,
     PoolPolicy,
     Runner,
@@ -92,6 +94,8 @@ class Reconciler:
     _requests_collected: dict[str, float] = field(default_factory=dict, init=False)
     # pool key -> set by the pool's next pass
     _observed: dict[str, asyncio.Event] = field(default_factory=dict, init=False)
+    # The client nodes as the latest pass over any namespace saw them, by ID.
+    nodes: dict[str, NodeView] = field(default_factory=dict, init=False)
 
     async def run(self, namespace: str) -> PassResult:
         """One full pass over a Nomad namespace: every pool in it, one observation. Passes
@@ -120,6 +124,7 @@ class Reconciler:
         observed = await observe_namespace(
             self.port, self.store, namespace, self._views.setdefault(namespace, ViewCache())
         )
+        self.nodes = {node.id: node for node in observed.nodes}
         now = self.clock()
         upcoming = [
             c.expires_at
@@ -220,6 +225,7 @@ class Reconciler:
             observed.allocations,
             observed.claims,
             observed.malformed_claims,
+            observed.leaving_nodes,
         )
         self._splits[namespace] = _Split(policies, observed, by_pool, orphans)
         return by_pool, orphans
@@ -238,6 +244,17 @@ class Reconciler:
         started, managed.seen_running = breakers.newly_running(managed.seen_running, runners)
         managed.runners, managed.observation, managed.observed = tuple(runners), observation, True
         managed.observation_started = observation_started
+        # Only demand reads every job and claim; a thread hop would cost more than the rest.
+        measured = len(observation.jobs) + len(observation.claims) if policy.demand else 0
+        managed.target, managed.pacing = await compute(
+            measured,
+            pass_target,
+            policy,
+            observation,
+            runners,
+            managed.pacing,
+            now,
+        )
         self._observed.pop(managed.key, asyncio.Event()).set()
         if not acting:  # observes, never writes: a claims-only replica, or not the holder
             await self.publisher.publish(managed, runners, now)
@@ -250,6 +267,7 @@ class Reconciler:
             runners,
             now,
             creation_allowed=breakers.creation_allowed(managed.breaker, now),
+            target=managed.idle_target.idle_runners,
         )
         applied = await self.applier.apply(managed, todo, runners, now)
         failures = [*await self._failed_starts(managed, todo, runners), *applied.refused]

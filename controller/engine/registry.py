@@ -13,17 +13,20 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
+from zoneinfo import ZoneInfo
 
 from controller.core import breaker as breakers
+from controller.core.demand import IdleTarget, Pacing
 from controller.core.events import EventSink, prefix_conflict
 from controller.core.leases import LeaseState
 from controller.core.problems import PoolProblem, Problem, prefix_owners
 from controller.core.runner_ids import is_runner_id
+from controller.core.schedule import ScheduleWindow
 from controller.core.status import PoolStatus
-from controller.core.views import PoolMode, PoolObservation, PoolPolicy, Runner
-from controller.model import RunnerPool
+from controller.core.views import DemandPolicy, PoolMode, PoolObservation, PoolPolicy, Runner
+from controller.model import RunnerPool, RunnerPoolSpec
 from controller.nomad.jobs import render_job, template_hash
 
 
@@ -48,6 +51,10 @@ class ManagedPool:
     classified_policy: PoolPolicy | None = None  # the policy `runners` were classified with
     seen_running: frozenset[str] = frozenset()  # runners seen running (breaker successes)
     lease: LeaseState | None = None  # who reconciles it; None where leases do not apply
+    target: IdleTarget | None = None  # the last pass's idle target
+    # Where the shrink of the demand part stands; the one thing a restart may lose
+    # (core/demand.py says how it degrades).
+    pacing: Pacing | None = None
 
     @property
     def spec_hash(self) -> str:
@@ -56,6 +63,13 @@ class ManagedPool:
     @property
     def key(self) -> str:
         return self.policy.key
+
+    @property
+    def idle_target(self) -> IdleTarget:
+        """The last pass's idle target; idleRunners before the first pass."""
+        return (
+            self.target if self.target is not None else IdleTarget.fixed(self.policy.desired_idle)
+        )
 
     @property
     def active(self) -> bool:
@@ -88,6 +102,10 @@ class PoolView(Protocol):
     def observed(self) -> bool: ...
     @property
     def observation_started(self) -> float: ...
+    @property
+    def idle_target(self) -> IdleTarget:
+        """How many idle runners the pool wants now, and why (the last pass's)."""
+
     @property
     def status(self) -> PoolStatus | None: ...
     @property
@@ -134,6 +152,8 @@ class PoolRegistry:
             startup_timeout_seconds=pool.spec.startup_timeout_seconds,
             template_hash=template_hash(rendered),
             surge=self._surge,
+            demand=_demand_policy(pool.spec),
+            schedule=_schedule(pool.spec),
         )
         managed = self._pools.get(pool.key)
         if managed is None:
@@ -199,3 +219,22 @@ class PoolRegistry:
             if managed.conflict is None:
                 self._events(found)
             managed.conflict = PoolProblem(Problem.PREFIX_CONFLICT, found.message)
+
+
+def _demand_policy(spec: RunnerPoolSpec) -> DemandPolicy | None:
+    demand = spec.demand
+    if demand is None:
+        return None
+    return DemandPolicy(demand.max_idle_runners, demand.window_seconds, demand.cover_seconds)
+
+
+def _schedule(spec: RunnerPoolSpec) -> tuple[ScheduleWindow, ...]:
+    return tuple(
+        ScheduleWindow(
+            window.cron,
+            timedelta(minutes=window.duration_minutes),
+            window.idle_runners,
+            ZoneInfo(window.time_zone),
+        )
+        for window in spec.schedule
+    )

@@ -14,7 +14,9 @@ child process, as real clients are other processes. Sections:
 3. refill latency: claim to registration of the replacement job, resync 30 s;
 4. over-creation under churn: registrations ÷ runners needed while claims and releases
    run as fast as they can;
-5. convergence after a node holding ~30% of the runners goes down.
+5. convergence after a node holding ~30% of the runners goes down;
+6. demand: a class day replayed with a fixed pool, a demand-sized one and an oracle
+   (bench_demand.py).
 
 The JSON is one flat object of dotted keys with numeric values.
 """
@@ -166,6 +168,9 @@ class SimOptions:
     start_delay: float = 0.05
     algorithm: str = "spread"
     seed: int = 7
+    # The simulator's reported time, sped up from an origin (bench_demand.py).
+    clock_speed: float = 1.0
+    clock_origin_ns: int = 0
 
 
 def _sim_child(conn: Connection, options: SimOptions) -> None:
@@ -176,6 +181,9 @@ def _sim_child(conn: Connection, options: SimOptions) -> None:
 
 async def _sim_serve(conn: Connection, options: SimOptions) -> None:
     from controller.lab.simulator import Simulator, start_sim
+    from controller.lab.simulator.util import WALL_CLOCK
+
+    WALL_CLOCK.speed, WALL_CLOCK.origin_ns = options.clock_speed, options.clock_origin_ns
 
     sim = Simulator(
         nodes=list(options.nodes),
@@ -483,6 +491,7 @@ async def time_passes(bench: PassiveController, passes: int) -> Result:
             client.list_jobs(NAMESPACE),
             client.list_allocations(NAMESPACE),
             client.list_variables(CLAIMS_PREFIX, NAMESPACE),
+            client.list_nodes(),
         )
         floors.append(time.perf_counter() - started)
         floor_cpus.append(time.process_time() - cpu)
@@ -858,6 +867,10 @@ REQUIRED_KEYS = (
     "reconcile.requests_per_pass_100_pools",
     "convergence.node_loss_seconds",
     "memory.rss_mb_10k_runners",
+    "demand.instant_claims.fixed",
+    "demand.instant_claims.demand",
+    "demand.instant_claims.oracle",
+    "demand.idle_runner_minutes_ratio",
 )
 
 # (key, goal text, check) for the table's goal column.
@@ -868,10 +881,14 @@ GOALS: tuple[tuple[str, str, Callable[[float], bool]], ...] = (
     ("refill.p99_ms", "< 100", lambda v: v < 100),
     ("over_creation.ratio", "1.00", lambda v: v <= 1.0),
     ("reconcile.floor_ratio", "<= 1.5", lambda v: v <= 1.5),
+    ("demand.instant_claims.demand", ">= 0.95", lambda v: v >= 0.95),
+    ("demand.idle_runner_minutes_ratio", "<= 1.5", lambda v: v <= 1.5),
 )
 
 
 async def run_all(sizes: Sizes, say: Callable[[str], None]) -> Result:
+    from controller.lab.bench_demand import bench_demand  # it builds on this module
+
     out: Result = {"bench.quick": 1.0 if sizes is QUICK else 0.0}
     started = time.perf_counter()
     sections: list[Callable[[Sizes, Result, Callable[[str], None]], Awaitable[None]]] = [
@@ -880,6 +897,7 @@ async def run_all(sizes: Sizes, say: Callable[[str], None]) -> Result:
         bench_refill,
         bench_churn,
         bench_node_loss,
+        bench_demand,
     ]
     for section in sections:
         await section(sizes, out, say)

@@ -213,6 +213,18 @@ class NomadClient:
         params = {"namespace": namespace, "task_states": "true"}
         return await self._list("/v1/allocations", "/v1/allocations", params)
 
+    async def list_nodes(self) -> list[dict[str, Any]]:
+        """The client nodes' stubs (drain and eligibility); consistent read."""
+        return await self._list("/v1/nodes", "/v1/nodes", {})
+
+    async def read_node(self, node_id: str) -> dict[str, Any] | None:
+        """One node with its drain strategy (the deadline), or None when it is gone."""
+        try:
+            outcome = await self._call("GET", "/v1/node/:id", f"/v1/node/{node_id}", {})
+        except NomadNotFound:
+            return None
+        return dict(outcome.body)
+
     async def register_job(
         self, job: dict[str, Any], *, enforce_index: int | None = None
     ) -> dict[str, Any]:

@@ -150,7 +150,7 @@ class Harness:
         pools = [
             PoolSnapshot(
                 key=m.key,
-                desired_idle=m.policy.desired_idle,
+                desired_idle=m.idle_target.idle_runners,
                 max_runners=m.policy.max_runners,
                 idle=sum(r.state in (RunnerState.IDLE, RunnerState.OUTDATED) for r in m.runners),
                 total=len(m.runners),

@@ -94,7 +94,7 @@ def alloc(
         create_index=index,
         restarts=restarts,
         # By default an allocation that got past pending has run its task.
-        started=client in RAN if started is None else started,
+        started_time_ns=to_ns(created) if (client in RAN if started is None else started) else 0,
         failure=failure,
     )
 

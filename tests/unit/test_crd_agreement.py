@@ -23,10 +23,11 @@ from __future__ import annotations
 import copy
 import json
 import math
+import types
 from collections.abc import Callable, Iterator, Mapping
 from functools import cache
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, get_args
 
 import celpy
 import jsonschema
@@ -44,6 +45,7 @@ from controller.model import (
     DNS_LABEL_RE,
     DNS_SUBDOMAIN_RE,
     RunnerPool,
+    ScheduleSpec,
     immutable_changes,
 )
 
@@ -282,6 +284,7 @@ def with_fields(changes: Mapping[str, Any]) -> dict[str, Any]:
 
 OK, BAD = True, False
 BRIDGE: Final = {"spec.runner.network": "bridge"}
+WINDOW: Final = {"cron": "45 8 * * 1-5", "durationMinutes": 90, "idleRunners": 50}
 
 # (changes, valid): every known field, at and beyond its bounds, with wrong types.
 CASES: Final[list[tuple[dict[str, Any], bool]]] = [
@@ -436,6 +439,48 @@ CASES: Final[list[tuple[dict[str, Any], bool]]] = [
     ({"spec.deletionPolicy": "drain"}, BAD),
     ({"spec.deletionPolicy": ""}, BAD),
     ({"spec.deletionPolicy": 1}, BAD),
+    # demand
+    ({"spec.demand": {}}, OK),
+    ({"spec.demand.maxIdleRunners": 60}, OK),
+    ({"spec.demand.maxIdleRunners": 1}, OK),  # = idleRunners
+    ({"spec.demand.maxIdleRunners": 100}, OK),  # = maxRunners
+    ({"spec.demand.maxIdleRunners": 0}, BAD),  # below idleRunners 1
+    ({"spec.demand.maxIdleRunners": 101}, BAD),  # above maxRunners 100
+    ({"spec.demand.maxIdleRunners": "60"}, BAD),
+    ({"spec.demand.maxIdleRunners": None, "spec.demand.windowSeconds": 60}, OK),
+    ({"spec.demand.windowSeconds": 1}, OK),
+    ({"spec.demand.windowSeconds": 600}, OK),
+    ({"spec.demand.windowSeconds": 0}, BAD),
+    ({"spec.demand.windowSeconds": 601}, BAD),
+    ({"spec.demand.windowSeconds": 30.5}, BAD),
+    ({"spec.demand.coverSeconds": 1}, OK),
+    ({"spec.demand.coverSeconds": None}, OK),
+    ({"spec.demand.coverSeconds": 0}, BAD),
+    ({"spec.demand.coverSeconds": INT32_MAX + 1}, BAD),
+    ({"spec.demand": 5}, BAD),
+    # schedule
+    ({"spec.schedule": []}, OK),
+    ({"spec.schedule": [WINDOW]}, OK),
+    ({"spec.schedule": [WINDOW] * 20}, OK),
+    ({"spec.schedule": [WINDOW] * 21}, BAD),
+    ({"spec.schedule": [{**WINDOW, "timeZone": "Europe/Berlin"}]}, OK),
+    ({"spec.schedule": [{**WINDOW, "idleRunners": 100}]}, OK),  # = maxRunners
+    ({"spec.schedule": [{**WINDOW, "idleRunners": 101}]}, BAD),
+    ({"spec.schedule": [{**WINDOW, "idleRunners": 61}], "spec.demand.maxIdleRunners": 60}, BAD),
+    ({"spec.schedule": [{**WINDOW, "idleRunners": 60}], "spec.demand.maxIdleRunners": 60}, OK),
+    ({"spec.schedule": [{**WINDOW, "idleRunners": -1}]}, BAD),
+    ({"spec.schedule": [{**WINDOW, "durationMinutes": 10080}]}, OK),
+    ({"spec.schedule": [{**WINDOW, "durationMinutes": 10081}]}, BAD),
+    ({"spec.schedule": [{**WINDOW, "durationMinutes": 0}]}, BAD),
+    ({"spec.schedule": [{**WINDOW, "durationMinutes": "90"}]}, BAD),
+    ({"spec.schedule": [{**WINDOW, "cron": 5}]}, BAD),
+    ({"spec.schedule": [{**WINDOW, "cron": "1," * 130 + "2 8 * * *"}]}, BAD),  # too long
+    ({"spec.schedule": [{**WINDOW, "timeZone": 1}]}, BAD),
+    ({"spec.schedule": [{k: v for k, v in WINDOW.items() if k != "cron"}]}, BAD),
+    ({"spec.schedule": [{k: v for k, v in WINDOW.items() if k != "idleRunners"}]}, BAD),
+    ({"spec.schedule": [{k: v for k, v in WINDOW.items() if k != "durationMinutes"}]}, BAD),
+    ({"spec.schedule": [5]}, BAD),
+    ({"spec.schedule": WINDOW}, BAD),
     # the document itself
     ({"spec": MISSING}, BAD),
     ({"spec": []}, BAD),
@@ -486,6 +531,8 @@ def test_every_spec_field_of_the_model_is_in_the_table_and_the_schema() -> None:
             alias = info.alias or name
             assert alias in schema["properties"], f"{prefix}{alias} missing from the CRD"
             nested = info.annotation
+            if isinstance(nested, types.UnionType):  # `DemandSpec | None`: walked the same
+                (nested,) = [a for a in get_args(nested) if a is not type(None)]
             if isinstance(nested, type) and hasattr(nested, "model_fields"):
                 yield from walk(nested, schema["properties"][alias], f"{prefix}{alias}.")
             else:
@@ -501,6 +548,21 @@ def test_every_spec_field_of_the_model_is_in_the_table_and_the_schema() -> None:
         else:
             schema_leaves.add(key)
     assert schema_leaves == leaves
+    # A schedule window's fields, which the list items hold.
+    window_schema = spec_schema["properties"]["schedule"]["items"]["properties"]
+    assert set(window_schema) == {
+        info.alias or name for name, info in ScheduleSpec.model_fields.items()
+    }
+    covered_window_keys = {
+        key
+        for changes, _ in CASES
+        for value in changes.values()
+        if isinstance(value, list)
+        for window in value
+        if isinstance(window, dict)
+        for key in window
+    }
+    assert covered_window_keys == set(window_schema)
 
 
 def test_defaults_are_the_models() -> None:
@@ -560,6 +622,27 @@ def test_job_template_is_opaque_to_the_crd_and_checked_by_the_controller(
 
 
 @pytest.mark.parametrize(
+    "window",
+    [
+        {**WINDOW, "cron": "45 8 * *"},  # four fields
+        {**WINDOW, "cron": "0 0 8 * * 1"},  # six (seconds) fields
+        {**WINDOW, "cron": "@hourly"},
+        {**WINDOW, "cron": "61 8 * * *"},
+        {**WINDOW, "cron": "* * 31 2 * extra"},
+        {**WINDOW, "timeZone": "Mars/Olympus_Mons"},
+        {**WINDOW, "timeZone": ""},
+        {**WINDOW, "timeZone": "../etc/passwd"},
+    ],
+)
+def test_cron_and_time_zone_are_strings_to_the_crd_and_parsed_by_the_controller(
+    window: dict[str, Any],
+) -> None:
+    document = with_fields({"spec.schedule": [window]})
+    assert CRD.accepts(document)
+    assert not model_accepts(document)
+
+
+@pytest.mark.parametrize(
     ("field", "expect_file_accepts"),
     [
         ("spec.maxRunners", False),
@@ -570,6 +653,8 @@ def test_job_template_is_opaque_to_the_crd_and_checked_by_the_controller(
         ("spec.runner.memoryMaxMB", True),
         ("spec.nomad.nodePool", True),
         ("spec.nomad.jobPrefix", True),
+        ("spec.demand", True),
+        ("spec.schedule", False),
     ],
 )
 def test_null_means_absent_to_the_crd(field: str, expect_file_accepts: bool) -> None:
@@ -703,6 +788,23 @@ FIELDS: Final[dict[str, st.SearchStrategy[Any]]] = {
     "spec.deletionPolicy": st.one_of(
         st.sampled_from(["Drain", "Delete", "Orphan", "drain", "Keep"]), WRONG
     ),
+    "spec.demand.maxIdleRunners": st.one_of(INTS, WRONG),
+    "spec.demand.windowSeconds": st.one_of(INTS, st.sampled_from([600, 601]), WRONG),
+    "spec.demand.coverSeconds": st.one_of(INTS, WRONG),
+    "spec.schedule": st.one_of(
+        st.lists(
+            st.fixed_dictionaries(
+                {"cron": st.sampled_from(["45 8 * * 1-5", "*/5 * * * *"])},
+                optional={
+                    "durationMinutes": st.one_of(INTS, st.sampled_from([10080, 10081]), WRONG),
+                    "idleRunners": st.one_of(INTS, WRONG),
+                    "timeZone": st.sampled_from(["UTC", "Europe/Berlin", "America/New_York"]),
+                },
+            ),
+            max_size=3,
+        ),
+        WRONG,
+    ),
 }
 
 
@@ -796,6 +898,9 @@ def test_resource_definition() -> None:
         "claimedRunners",
         "outdatedRunners",
         "totalRunners",
+        "desiredIdleRunners",
+        "desiredIdleReason",
+        "demand",
         "selector",
         "templateHash",
         "reconciledBy",
@@ -813,6 +918,9 @@ def test_status_accepts_a_controller_written_status() -> None:
         "claimedRunners": 2,
         "outdatedRunners": 0,
         "totalRunners": 3,
+        "desiredIdleRunners": 7,
+        "desiredIdleReason": "demand",
+        "demand": {"claimsPerMinute": 12.5, "startSecondsP90": 2.75},
         "selector": "poolkeeper.dev/pool=python-312",
         "templateHash": "abc123",
         "observedGeneration": 4,

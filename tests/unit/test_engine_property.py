@@ -359,7 +359,14 @@ class World:
         nomad = self.nomad
         observation = nomad.observe()
         runners = classify(self.policy, observation, nomad.now)
-        todo = plan(self.policy, observation, runners, nomad.now, creation_allowed=True)
+        todo = plan(
+            self.policy,
+            observation,
+            runners,
+            nomad.now,
+            creation_allowed=True,
+            target=self.policy.desired_idle,
+        )
         by_id = {r.id: r for r in runners}
         for destroy in todo.destroy:
             if by_id[destroy.runner_id].state is RunnerState.CLAIMED:

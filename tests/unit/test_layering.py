@@ -1,6 +1,7 @@
 """The package layering, checked on the import statements of every module (AST).
 
-- controller/core is pure: it imports only the standard library and controller.core;
+- controller/core is pure: it imports only the standard library, controller.core and
+  croniter (a cron parser: pure computation, no I/O; docs/architecture.md says why);
 - the product never imports the lab (controller.lab: simulator, demo, bench, chaos);
   the CLI names the lab's commands by module path and loads them only when one runs;
 - only controller/operator imports kopf;
@@ -18,6 +19,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "controller"
+# The one third-party package the pure core may use.
+CORE_LIBRARIES = frozenset({"croniter"})
 FRONT_DOORS = (
     "controller.api",
     "controller.operator",
@@ -54,7 +57,11 @@ def violations(package_root: Path) -> list[str]:
         module = module_name(path, package_root)
         for imported in imports(path):
             top = imported.split(".")[0]
-            pure = top in sys.stdlib_module_names or within(imported, "controller.core")
+            pure = (
+                top in sys.stdlib_module_names
+                or top in CORE_LIBRARIES
+                or within(imported, "controller.core")
+            )
             if within(module, "controller.core") and not pure:
                 found.append(f"{module} (pure core) imports {imported}")
             if not within(module, "controller.lab") and within(imported, "controller.lab"):
@@ -76,6 +83,11 @@ def test_the_layering_holds() -> None:
     ("module", "source", "expected"),
     [
         ("core/bad.py", "import aiohttp\n", "controller.core.bad (pure core) imports aiohttp"),
+        (
+            "core/bad.py",
+            "from dateutil import tz\n",  # croniter's own dependency is not allowed
+            "controller.core.bad (pure core) imports dateutil",
+        ),
         (
             "core/bad.py",
             "from controller.nomad.client import NomadClient\n",
@@ -105,5 +117,7 @@ def test_the_check_catches_a_broken_layer(
     (root / module).parent.mkdir(parents=True)
     (root / module).write_text(source)
     (root / "core").mkdir(exist_ok=True)
-    (root / "core" / "fine.py").write_text("import dataclasses\nfrom controller.core import x\n")
+    (root / "core" / "fine.py").write_text(
+        "import dataclasses\nfrom croniter import croniter\nfrom controller.core import x\n"
+    )
     assert violations(root) == [expected]

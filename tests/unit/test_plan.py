@@ -89,7 +89,7 @@ def run(policy: PoolPolicy, *fixtures: Fixture, creation_allowed: bool = True) -
         [m for f in fixtures for m in f.malformed],
     )
     runners = classify(policy, observation, NOW)
-    result = plan(policy, observation, runners, NOW, creation_allowed)
+    result = plan(policy, observation, runners, NOW, creation_allowed, target=policy.desired_idle)
     ids = [d.runner_id for d in result.destroy]
     assert len(ids) == len(set(ids)), "two destroys for one runner"
     return result

@@ -48,6 +48,7 @@ SIM_FAULTS = (
     "api_fault",
     "no_capacity",
     "set_start_delay",
+    "advance_clock",
     "fail_starts",
     "set_write_latency",
 )

@@ -15,7 +15,7 @@ from controller.lab.simulator.nodes import NodeRegistry
 from controller.lab.simulator.sandbox import Sandboxes
 from controller.lab.simulator.scheduler import Scheduler
 from controller.lab.simulator.store import JobKey, JobRecord, Store
-from controller.lab.simulator.util import JSON
+from controller.lab.simulator.util import JSON, WALL_CLOCK
 from controller.lab.simulator.variables import VariableRegistry, VarKey, var_meta
 
 
@@ -295,6 +295,10 @@ class Simulator:
 
     def set_start_delay(self, seconds: float) -> None:
         self.clients.start_delay = seconds
+
+    def advance_clock(self, seconds: float) -> None:
+        """Move the reported time forward (WallClock: the process's clock)."""
+        WALL_CLOCK.advance(seconds)
 
     def fail_starts(self, image: str = "*", on: bool = True) -> None:
         self.clients.fail_starts(image, on)

@@ -70,16 +70,46 @@ def _with_fraction(value: int, unit: int) -> str:
     return f"{whole}.{digits}" if digits else str(whole)
 
 
+class WallClock:
+    """The time the simulator reports (SubmitTime, CreateTime, StartedAt, variables' times):
+    real time, or real time sped up from an origin and moved forward, so `poolkeeper
+    bench` can replay a day in minutes with a controller whose clock does the same. It is
+    the process's: every simulator in the process reports the same time. Delays
+    (`start_delay`, drain deadlines) stay in real seconds."""
+
+    def __init__(self) -> None:
+        self.speed = 1.0
+        self.origin_ns = 0
+        self.offset_ns = 0
+
+    def now_ns(self) -> int:
+        real = time.time_ns()
+        return real + int((self.speed - 1.0) * (real - self.origin_ns)) + self.offset_ns
+
+    def advance(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError("the clock only moves forward")
+        self.offset_ns += int(seconds * 1e9)
+
+
+WALL_CLOCK = WallClock()
+
+
 def now_ns() -> int:
-    return time.time_ns()
+    return WALL_CLOCK.now_ns()
+
+
+def _iso(ns: int, fraction: bool) -> str:
+    text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns // 10**9))
+    return text + (f".{ns % 10**9:09d}Z" if fraction else "Z")
 
 
 def iso_now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{time.time_ns() % 10**9:09d}Z"
+    return _iso(now_ns(), fraction=True)
 
 
 def iso_after(seconds: float | None) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + (seconds or 0)))
+    return _iso(now_ns() + int((seconds or 0) * 1e9), fraction=False)
 
 
 def _is_empty(value: Any) -> bool:

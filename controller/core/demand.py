@@ -1,0 +1,236 @@
+"""The idle target: how many idle runners a pool should hold now, and why.
+
+Pure; `now` and everything measured come in as arguments. The target is the highest of
+- the floor, `spec.idleRunners`;
+- the floors of the schedule windows open now (core/schedule.py);
+- with `spec.demand`, the demand estimate: the claims the buffer must absorb while a new
+  runner starts, `ceil(rate * cover + sqrt(rate * cover))` (the square root is a Poisson
+  margin), held back by the shrink pacing;
+capped by `demand.maxIdleRunners` (when set) and by `maxRunners`.
+
+Everything measured is read from Nomad on every pass, so a restarted controller has the
+same estimate as the one before it:
+- the claim rate comes from the `claimedAt` of the pool's claim variables, live claims and
+  tombstones alike (a tombstone outlives its claim by at least ten minutes, longer than
+  any window). Only client claims count: a runner the controller retires gets a
+  tombstone with an inactivity timeout of 0, which no client claim has;
+- the start time comes from each runner job's `SubmitTime` and the `StartedAt` of the
+  first task that ran in any of its allocations.
+The only thing kept between passes is the shrink pacing (`Pacing`); when it is missing (a
+restart, a new pool) the buffer the pool holds now is taken as where the shrink stands,
+so a restart never shrinks the buffer faster than the pacing allows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from controller.core.claims import ClaimRecord
+from controller.core.schedule import schedule_floor
+from controller.core.views import (
+    AllocationView,
+    DemandPolicy,
+    JobView,
+    PoolMode,
+    PoolObservation,
+    PoolPolicy,
+    Runner,
+    RunnerState,
+)
+
+# Cover time without coverSeconds: the measured p90 start time plus half of it.
+START_MARGIN = 1.5
+START_PERCENTILE = 90
+# The start times of the newest runners only, so an old image's starts fade out.
+START_SAMPLES = 100
+# The demand part of the target falls to at most this share of itself per minute.
+KEPT_PER_MINUTE = 0.9
+
+
+class TargetReason(StrEnum):
+    FLOOR = "floor"
+    SCHEDULE = "schedule"
+    DEMAND = "demand"
+
+
+@dataclass(frozen=True, slots=True)
+class Pacing:
+    """Where the shrink of the demand part stands: its value (in runners, fractional so
+    the decay is smooth) at a moment."""
+
+    runners: float
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class IdleTarget:
+    idle_runners: int  # the effective target
+    reason: TargetReason
+    floor: int  # idleRunners or the open schedule windows' floor, whichever is higher
+    # Measured for pools with spec.demand only.
+    claims_per_minute: float | None = None
+    start_seconds_p90: float | None = None
+
+    @classmethod
+    def fixed(cls, idle_runners: int) -> IdleTarget:
+        """The target of a pool sized by idleRunners alone."""
+        return cls(idle_runners, TargetReason.FLOOR, idle_runners)
+
+
+def client_claim_times(claims: Iterable[ClaimRecord]) -> list[datetime]:
+    """When clients claimed, from live claims and tombstones alike (retirement
+    tombstones, with an inactivity timeout of 0, are not claims)."""
+    return [claim.claimed_at for claim in claims if claim.inactivity_timeout_seconds > 0]
+
+
+def claims_per_second(
+    claimed_at: Iterable[datetime],
+    now: datetime,
+    window_seconds: float,
+    cover_seconds: float | None,
+) -> float:
+    """The claim rate over the window: the window's claims divided by the time they span,
+    from the oldest of them to now (at least the cover time, at most the window).
+
+    With claims all over the window this is about count ÷ window; at the start of a burst it is
+    the burst's own rate at once instead of a rate diluted by the quiet minutes before it,
+    and it never makes the demand exceed the claims of the last cover time (plus margin).
+    Without a cover time yet it is count ÷ window.
+    """
+    start = now - timedelta(seconds=window_seconds)
+    recent = [moment for moment in claimed_at if start < moment <= now]
+    if not recent:
+        return 0.0
+    shortest = cover_seconds if cover_seconds else window_seconds
+    span = (now - min(recent)).total_seconds()
+    return len(recent) / min(window_seconds, max(span, shortest))
+
+
+def start_seconds_p90(
+    jobs: Iterable[JobView], allocations: Mapping[str, Sequence[AllocationView]]
+) -> float | None:
+    """The p90 (nearest rank) of the newest runners' times from registration to their
+    first running task; None before any runner has started."""
+    samples: list[tuple[int, float]] = []
+    for job in jobs:
+        started = [a.started_time_ns for a in allocations.get(job.id, ()) if a.started_time_ns]
+        if started and job.submit_time_ns and min(started) >= job.submit_time_ns:
+            samples.append((job.submit_time_ns, (min(started) - job.submit_time_ns) / 1e9))
+    if not samples:
+        return None
+    newest = sorted(samples, reverse=True)[:START_SAMPLES]
+    ordered = sorted(seconds for _, seconds in newest)
+    rank = math.ceil(START_PERCENTILE / 100 * len(ordered))
+    return ordered[rank - 1]
+
+
+def demand_runners(rate_per_second: float, cover_seconds: float) -> int:
+    """Claims expected over the cover time, with a margin of their square root."""
+    expected = rate_per_second * cover_seconds
+    return math.ceil(expected + math.sqrt(expected))
+
+
+def paced(demand: int, previous: Pacing | None, buffer: int, now: datetime) -> Pacing:
+    """The demand part after the shrink pacing: it rises at once and falls to at most
+    KEPT_PER_MINUTE of itself per minute (the last fraction of a runner goes once less
+    than one is left). Without a previous pacing the buffer held now is where it stands."""
+    start = previous if previous is not None else Pacing(float(buffer), now)
+    minutes = max(0.0, (now - start.at).total_seconds() / 60)
+    allowed = start.runners * KEPT_PER_MINUTE**minutes
+    if allowed < 1:
+        allowed = 0.0
+    return Pacing(max(float(demand), allowed), now)
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    claims_per_minute: float
+    start_seconds_p90: float | None
+    demand: int
+
+
+def measure(
+    demand: DemandPolicy,
+    claims: Iterable[ClaimRecord],
+    jobs: Iterable[JobView],
+    allocations: Mapping[str, Sequence[AllocationView]],
+    now: datetime,
+) -> Measured:
+    """The demand estimate from what Nomad holds: 0 runners until a cover time is known
+    (coverSeconds, or a first runner has started)."""
+    p90 = start_seconds_p90(jobs, allocations)
+    cover: float | None = demand.cover_seconds
+    if cover is None and p90 is not None:
+        cover = p90 * START_MARGIN
+    rate = claims_per_second(client_claim_times(claims), now, demand.window_seconds, cover)
+    runners = demand_runners(rate, cover) if cover else 0
+    return Measured(rate * 60, p90, runners)
+
+
+def idle_target(
+    policy: PoolPolicy,
+    measured: Measured | None,
+    previous: Pacing | None,
+    buffer: int,
+    now: datetime,
+) -> tuple[IdleTarget, Pacing | None]:
+    """The effective target and the pacing to keep for the next pass. `measured` is the
+    demand estimate (None without spec.demand); `buffer` the idle and starting runners
+    the pool holds now."""
+    cap = policy.max_runners
+    if policy.demand is not None and policy.demand.max_idle_runners is not None:
+        cap = min(cap, policy.demand.max_idle_runners)
+    scheduled = schedule_floor(policy.schedule, now)
+    floor = min(cap, max(policy.desired_idle, scheduled))
+    if measured is None:
+        reason = TargetReason.SCHEDULE if scheduled > policy.desired_idle else TargetReason.FLOOR
+        return IdleTarget(floor, reason, floor), None
+    pacing = paced(min(cap, measured.demand), previous, min(cap, buffer), now)
+    wanted = min(cap, math.ceil(pacing.runners))
+    if wanted > floor:
+        reason = TargetReason.DEMAND
+    elif scheduled > policy.desired_idle:
+        reason = TargetReason.SCHEDULE
+    else:
+        reason = TargetReason.FLOOR
+    target = IdleTarget(
+        max(floor, wanted),
+        reason,
+        floor,
+        claims_per_minute=round(measured.claims_per_minute, 2),
+        start_seconds_p90=None
+        if measured.start_seconds_p90 is None
+        else round(measured.start_seconds_p90, 3),
+    )
+    return target, pacing
+
+
+_BUFFER_STATES = frozenset({RunnerState.IDLE, RunnerState.OUTDATED, RunnerState.STARTING})
+
+
+def pass_target(
+    policy: PoolPolicy,
+    observation: PoolObservation,
+    runners: Sequence[Runner],
+    previous: Pacing | None,
+    now: datetime,
+) -> tuple[IdleTarget, Pacing | None]:
+    """One pass's idle target from the pool's observation and classified runners (none
+    for a pool being removed)."""
+    if policy.mode is not PoolMode.ACTIVE:
+        return IdleTarget.fixed(0), None
+    measured = None
+    if policy.demand is not None:
+        measured = measure(
+            policy.demand,
+            observation.claims.values(),
+            observation.jobs,
+            observation.allocations,
+            now,
+        )
+    buffer = sum(1 for runner in runners if runner.state in _BUFFER_STATES)
+    return idle_target(policy, measured, previous, buffer, now)

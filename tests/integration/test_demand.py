@@ -1,0 +1,196 @@
+"""The idle target on the simulator: bursts, shrink pacing, schedule windows, restarts.
+
+The controller's clock is injected (`FakeClock`); it moves only when a test says so.
+Pools start slowly in no case here: the simulator starts allocations in 50 ms, so the
+tests give demand a cover time (`coverSeconds`) instead of measuring one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+from controller.core.claims import ClaimState
+from controller.core.demand import TargetReason
+from controller.core.status import count
+from controller.engine.registry import PoolView
+from controller.standalone import Controller
+from tests.integration.conftest import FakeClock, Harness, pool_doc, wait_until, write_pools
+
+DEMAND = {"maxIdleRunners": 40, "windowSeconds": 60, "coverSeconds": 5}
+# Runners must not time out while the fake clock jumps minutes ahead of the simulator's.
+SLOW_START_OK = {"startupTimeoutSeconds": 3600}
+LONG_CLAIM = {"inactivityTimeoutSeconds": 3600, "waitSeconds": 10}
+
+
+def demand_pool(**spec: Any) -> dict[str, Any]:
+    return pool_doc(
+        "py", idle=2, max_runners=80, demand=DEMAND, claims={"maxInactivityTimeoutSeconds": 3600},
+        **SLOW_START_OK, **spec,
+    )  # fmt: skip
+
+
+def target_at_least(view: PoolView, minimum: int) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return view.idle_target.idle_runners >= minimum
+
+    return check
+
+
+def reason_of(view: PoolView) -> TargetReason:
+    return view.idle_target.reason
+
+
+def buffer(controller: Controller) -> tuple[int, int]:
+    """(idle, starting) as the last pass saw them."""
+    counts = count(controller.engine.pools["default/py"].runners)
+    return counts.idle, counts.starting
+
+
+async def claim_many(harness: Harness, controller: Controller, n: int) -> list[str]:
+    answers = await asyncio.gather(
+        *(
+            harness.api(controller, "POST", "/v1/pools/default/py/claims", LONG_CLAIM)
+            for _ in range(n)
+        )
+    )
+    return [body["runnerId"] for status, body in answers if status == 201]
+
+
+async def status_of(harness: Harness, controller: Controller) -> dict[str, Any]:
+    _, body = await harness.api(controller, "GET", "/v1/pools")
+    (pool,) = [p for p in body["pools"] if p["name"] == "py"]
+    return dict(pool["status"])
+
+
+async def test_a_burst_raises_the_target_and_refills_ahead_of_demand(harness: Harness, tmp_path):
+    clock = FakeClock()
+    controller = await harness.start(write_pools(tmp_path / "p.yaml", demand_pool()), clock=clock)
+    await harness.settled(controller)
+    view = controller.engine.pools["default/py"]
+    assert view.idle_target.idle_runners == 2
+    assert reason_of(view) is TargetReason.FLOOR
+
+    claimed = await claim_many(harness, controller, 8)
+    assert len(claimed) == 8
+
+    # Eight claims inside the 5 s cover time: 8 claims per cover time, plus sqrt(8).
+    await wait_until(
+        target_at_least(view, 8 + math.ceil(math.sqrt(8))), what="the target to follow the burst"
+    )
+    assert reason_of(view) is TargetReason.DEMAND
+    # The buffer is refilled to the new target, far above idleRunners, before any further
+    # claim arrives.
+    await harness.settled(controller)
+    idle, starting = buffer(controller)
+    assert idle == view.idle_target.idle_runners > 2 and starting == 0
+    status = await status_of(harness, controller)
+    assert status["desiredIdleRunners"] == view.idle_target.idle_runners
+    assert status["desiredIdleReason"] == "demand"
+    assert status["demand"]["claimsPerMinute"] > 0
+    metrics = controller.engine.metrics.exposition().decode()
+    assert f'poolkeeper_desired_idle_runners{{pool="default/py"}} {float(idle)}' in metrics
+
+
+async def test_after_a_burst_the_buffer_shrinks_no_faster_than_allowed_and_loses_no_claim(
+    harness: Harness, tmp_path
+):
+    clock = FakeClock()
+    controller = await harness.start(write_pools(tmp_path / "p.yaml", demand_pool()), clock=clock)
+    await harness.settled(controller)
+    view = controller.engine.pools["default/py"]
+    await claim_many(harness, controller, 15)
+    await wait_until(target_at_least(view, 15), what="the target to follow the burst")
+    await harness.settled(controller)
+    peak = view.idle_target.idle_runners
+
+    handed_out: list[str] = []
+    targets = [peak]
+    for _ in range(12):
+        clock.advance(20)  # the burst has left the 60 s window after the third step
+        # Clients keep claiming while the controller retires the surplus.
+        pass_and_claims = await asyncio.gather(
+            controller.engine.reconcile_namespace("default"), claim_many(harness, controller, 2)
+        )
+        handed_out += pass_and_claims[1]
+        targets.append(view.idle_target.idle_runners)
+    # 10 % of the buffer per minute, never more: over 20 s at most 1 - 0.9 ** (1/3).
+    for before, after in itertools.pairwise(targets):
+        assert after >= math.floor(before * 0.9 ** (1 / 3)), targets
+    assert targets[-1] < peak  # and it does shrink
+    # Every runner a client got is still claimed and its job still there: no retirement
+    # won against a claim.
+    claims = harness.sim.variables("default")
+    jobs = {job["ID"] for job in harness.sim.job_list("default")}
+    for runner_id in handed_out:
+        items = claims[f"poolkeeper/claims/{runner_id}"]["Items"]
+        assert items["state"] == ClaimState.CLAIMED, runner_id
+        assert runner_id in jobs
+    await harness.settled(controller)
+
+
+async def test_a_schedule_window_raises_the_floor_at_its_start_and_releases_it_at_its_end(
+    harness: Harness, tmp_path
+):
+    clock = FakeClock()
+    opens = (clock.now + timedelta(minutes=2)).replace(second=0)
+    window = {
+        "cron": f"{opens.minute} {opens.hour} * * *",
+        "durationMinutes": 3,
+        "idleRunners": 7,
+        "timeZone": "UTC",
+    }
+    document = pool_doc("py", idle=2, max_runners=20, schedule=[window], **SLOW_START_OK)
+    controller = await harness.start(write_pools(tmp_path / "p.yaml", document), clock=clock)
+    await harness.settled(controller)
+    view = controller.engine.pools["default/py"]
+
+    clock.now = opens - timedelta(seconds=1)
+    await harness.settled(controller)
+    assert buffer(controller) == (2, 0)
+
+    clock.now = opens
+    await harness.settled(controller)
+    assert view.idle_target.idle_runners == 7
+    assert reason_of(view) is TargetReason.SCHEDULE
+    assert buffer(controller) == (7, 0)
+    assert (await status_of(harness, controller))["desiredIdleReason"] == "schedule"
+
+    clock.now = opens + timedelta(minutes=3) - timedelta(seconds=1)
+    await harness.settled(controller)
+    assert buffer(controller) == (7, 0)
+
+    clock.now = opens + timedelta(minutes=3)
+    await harness.settled(controller)
+    assert view.idle_target.idle_runners == 2
+    assert reason_of(view) is TargetReason.FLOOR
+    assert buffer(controller) == (2, 0)
+
+
+async def test_a_restarted_controller_keeps_the_estimate(harness: Harness, tmp_path):
+    clock = FakeClock()
+    pools = write_pools(tmp_path / "p.yaml", demand_pool())
+    first = await harness.start(pools, clock=clock)
+    await harness.settled(first)
+    await claim_many(harness, first, 10)
+    await wait_until(target_at_least(first.engine.pools["default/py"], 10), what="the burst")
+    await harness.settled(first)
+    before = first.engine.pools["default/py"].idle_target
+    await harness.stop(first)
+
+    second = await harness.start(pools, clock=clock)
+    await harness.settled(second)
+    after = second.engine.pools["default/py"].idle_target
+    # Rebuilt from the claim variables and job times Nomad holds: the same estimate.
+    assert after.idle_runners == before.idle_runners
+    assert after.reason is TargetReason.DEMAND
+    assert after.claims_per_minute == before.claims_per_minute
+    # And it goes on shrinking at the pace, from the buffer the pool holds.
+    clock.advance(60)
+    await second.engine.reconcile_namespace("default")
+    later = second.engine.pools["default/py"].idle_target.idle_runners
+    assert math.floor(before.idle_runners * 0.9) <= later <= before.idle_runners
