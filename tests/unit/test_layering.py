@@ -54,9 +54,12 @@ def violations(package_root: Path) -> list[str]:
         module = module_name(path, package_root)
         for imported in imports(path):
             top = imported.split(".")[0]
-            if within(module, "controller.core"):
-                if top not in sys.stdlib_module_names and not within(imported, "controller.core"):
-                    found.append(f"{module} (pure core) imports {imported}")
+            if (
+                within(module, "controller.core")
+                and top not in sys.stdlib_module_names
+                and not within(imported, "controller.core")
+            ):
+                found.append(f"{module} (pure core) imports {imported}")
             if not within(module, "controller.lab") and within(imported, "controller.lab"):
                 found.append(f"{module} (product) imports the lab: {imported}")
             if top == "kopf" and not within(module, "controller.operator"):
