@@ -39,7 +39,7 @@ from controller.core.views import (
     Runner,
     RunnerState,
 )
-from tests.unit.test_classify import NOW
+from tests.support.builders import NOW
 
 T = TypeVar("T")
 PREFIX = "py-"
