@@ -1,4 +1,4 @@
-"""The fault matrix: one test per fault class of the simulator (issue 6, issue 3).
+"""The fault matrix: one test per fault class of the simulator.
 
 Each test fills a pool, injects one fault, and asserts that within a generous liveness
 bound (a few resync periods) the pool holds exactly `idleRunners` idle runners, that
@@ -21,8 +21,10 @@ from controller.core.views import RunnerState
 from controller.engine import reconcile
 from controller.nomad.errors import NomadUnavailable
 from controller.standalone import Controller
+from tests.support.documents import pool_doc
+from tests.support.waiting import wait_until
 
-from .conftest import Harness, pool_doc, wait_until, write_pools
+from .conftest import Harness, write_pools
 
 IDLE = 3
 POOL = "default/py"
@@ -104,7 +106,7 @@ class Scene:
 
 @pytest.fixture
 async def scene(harness: Harness, tmp_path: Path) -> Scene:
-    pools = write_pools(tmp_path / "pools.yaml", pool_doc("py", idle=IDLE, max_runners=10))
+    pools = write_pools(tmp_path / "pools.yaml", pool_doc("py", idle=IDLE, maxRunners=10))
     controller = await harness.start(pools, resync_seconds=RESYNC)
     await harness.settled(controller, within=SETTLE)
     return Scene(harness, controller)

@@ -1,4 +1,4 @@
-"""Hostile input against the HTTP API (issue 6): fuzzing from the OpenAPI document,
+"""Hostile input against the HTTP API: fuzzing from the OpenAPI document,
 oversized and malformed payloads, slow-loris clients and auth on every `/v1` route.
 
 Whatever a client sends: never a 5xx other than the documented 503s, never a traceback
@@ -28,8 +28,10 @@ import controller.service as service
 from controller.api.app import MAX_BODY_BYTES
 from controller.lab.simulator import Simulator
 from controller.standalone import Controller
+from tests.support.documents import pool_doc
+from tests.support.waiting import wait_until
 
-from .conftest import TOKEN, Harness, pool_doc, wait_until, write_pools
+from .conftest import TOKEN, Harness, write_pools
 
 POOL_PATH = "/v1/pools/default/py/claims"
 METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]
@@ -134,7 +136,7 @@ class Api:
 
 @pytest.fixture
 async def api(harness: Harness, tmp_path: Path) -> AsyncIterator[Api]:
-    pools = write_pools(tmp_path / "pools.yaml", pool_doc("py", idle=2, max_runners=200))
+    pools = write_pools(tmp_path / "pools.yaml", pool_doc("py", idle=2, maxRunners=200))
     controller = await harness.start(pools)
     await harness.settled(controller)
     status, openapi = await harness.api(controller, "GET", "/openapi.json", token=None)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.operator.conftest import Cluster, Replica, pool_doc, wait_until
+from tests.operator.conftest import Cluster, Replica
+from tests.support.documents import pool_doc
+from tests.support.waiting import wait_until
 
 
 async def test_pool_follows_its_resource(cluster: Cluster) -> None:
