@@ -3,8 +3,8 @@
 Each test fills a pool, injects one fault, and asserts that within a generous liveness
 bound (a few resync periods) the pool holds exactly `idleRunners` idle runners, that
 every live runner job in Nomad is counted by the controller (no leak), and that the job
-registrations never exceeded what was needed: the initial fill, one replacement per
-claim, and one per runner the fault destroyed. A regression names its fault.
+registrations were exactly what was needed: the initial fill, one replacement per claim,
+and one per runner the fault destroyed. A regression names its fault.
 """
 
 from __future__ import annotations
