@@ -1,6 +1,9 @@
+import pytest
 from rich.console import Console
 
 from controller.lab.demo import run_demo
+
+pytestmark = pytest.mark.slow
 
 
 async def test_the_demo_story_holds_every_invariant():

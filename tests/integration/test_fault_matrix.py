@@ -190,6 +190,7 @@ async def test_oom_restart(scene: Scene) -> None:
     assert idle in scene.runners(RunnerState.IDLE)
 
 
+@pytest.mark.slow
 async def test_reannounce(scene: Scene) -> None:
     claimed = await scene.claim()
     await scene.harness.settled(scene.controller, within=SETTLE)
@@ -260,14 +261,17 @@ async def _with_api_fault(scene: Scene, kind: str, seconds: float, **extra: floa
     await still_claimed(scene, claimed)
 
 
+@pytest.mark.slow
 async def test_no_leader_window(scene: Scene) -> None:
     await _with_api_fault(scene, "no_leader", 3.0)
 
 
+@pytest.mark.slow
 async def test_connection_refused(scene: Scene) -> None:
     await _with_api_fault(scene, "refuse", 3.0)
 
 
+@pytest.mark.slow
 async def test_slow_api(scene: Scene) -> None:
     await _with_api_fault(scene, "slow", 4.0, slow_ms=1500)
 
@@ -275,6 +279,7 @@ async def test_slow_api(scene: Scene) -> None:
 # ---- faults of the scheduler and the clients ------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_no_capacity(scene: Scene) -> None:
     scene.sim.no_capacity(True)
     victims = scene.runners(RunnerState.IDLE)[:2]
@@ -291,6 +296,7 @@ async def test_no_capacity(scene: Scene) -> None:
     await scene.converged(destroyed=len(victims))
 
 
+@pytest.mark.slow
 async def test_failing_starts(scene: Scene) -> None:
     scene.sim.fail_starts("*", on=True)
     victims = scene.runners(RunnerState.IDLE)[:2]

@@ -241,6 +241,7 @@ async def test_fuzz_routes_from_the_openapi_document(
     await api.check(method, path, body=body, headers={"Content-Type": "application/json"})
 
 
+@pytest.mark.slow
 @settings(
     max_examples=60,
     deadline=None,
@@ -440,6 +441,7 @@ def short_http_timeout(monkeypatch: pytest.MonkeyPatch) -> float:
     return 1.5
 
 
+@pytest.mark.slow
 async def test_slow_headers_are_cut_off_while_others_are_served(
     short_http_timeout: float, api: Api
 ) -> None:
@@ -456,6 +458,7 @@ async def test_slow_headers_are_cut_off_while_others_are_served(
     assert max(latencies) < 2.0, latencies
 
 
+@pytest.mark.slow
 async def test_slow_bodies_are_cut_off_while_others_are_served(
     short_http_timeout: float, api: Api
 ) -> None:

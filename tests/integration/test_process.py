@@ -23,6 +23,8 @@ from tests.support.waiting import wait_until
 
 from .conftest import write_pools
 
+pytestmark = pytest.mark.slow
+
 API_TOKEN = "api-token-9f2c1e7d"
 
 

@@ -246,6 +246,7 @@ async def test_orphan_after_a_drain_began_cancels_the_recorded_drain(harness: Ha
     assert claim["runnerId"] in {j["ID"] for j in await harness.jobs(restarted)}
 
 
+@pytest.mark.slow
 async def test_starts_while_nomad_is_unreachable_and_catches_up(harness: Harness, tmp_path):
     pools = write_pools(
         tmp_path / "pools.yaml",

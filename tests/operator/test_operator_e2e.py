@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from tests.operator.conftest import Cluster, Replica
 from tests.support.documents import pool_doc
 from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.slow
 
 
 async def test_pool_follows_its_resource(cluster: Cluster) -> None:

@@ -6,6 +6,8 @@ import asyncio
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.operator.conftest import (
     Cluster,
     Replica,
@@ -13,6 +15,8 @@ from tests.operator.conftest import (
 )
 from tests.support.documents import pool_doc
 from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.slow
 
 LIFETIME = 3  # seconds; the chart's replicas use controller.operator.PEERING_LIFETIME_SECONDS
 

@@ -116,6 +116,8 @@ def _wait_listening(url: str, proc: subprocess.Popen[bytes]) -> None:
     raise AssertionError("simulator did not start listening")
 
 
+@pytest.mark.slow
+@pytest.mark.network
 def test_python_nomad_suite(tmp_path: Path) -> None:
     try:
         _prepare(tmp_path)

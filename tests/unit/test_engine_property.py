@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TypeVar
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -344,6 +345,7 @@ FAULTS = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     sizes=st.integers(1, 8).flatmap(lambda m: st.tuples(st.just(m), st.integers(0, m))),
