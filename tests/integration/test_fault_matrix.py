@@ -68,6 +68,14 @@ class Scene:
     async def runner_status(self, runner_id: str) -> tuple[int, Any]:
         return await self.harness.api(self.controller, "GET", f"/v1/runners/{runner_id}")
 
+    def pool_jobs(self) -> list[dict[str, Any]]:
+        """Every job of the pool in Nomad, stopped and dead ones too."""
+        return [
+            job
+            for job in self.sim.job_list("default")
+            if (job.get("Meta") or {}).get(META_POOL) == POOL
+        ]
+
     def destroyed_by_failed_starts(self) -> int:
         """Runner jobs whose start failed and that are gone (the simulator keeps the
         allocations of a purged job); a job whose failed allocation Nomad rescheduled may
@@ -85,21 +93,12 @@ class Scene:
 
         async def nomad_agrees() -> bool:
             # Every job of the pool, dead ones too: a failed runner is purged, not left.
-            jobs = [
-                job
-                for job in self.sim.job_list("default")
-                if (job.get("Meta") or {}).get(META_POOL) == POOL
-            ]
-            return len(jobs) == IDLE + claims
+            return len(self.pool_jobs()) == IDLE + claims
 
         try:
             await wait_until(nomad_agrees, within=SETTLE, what="Nomad to hold idle + claimed jobs")
         except AssertionError:
-            jobs = {
-                job["ID"]: (job.get("Status"), job.get("Stop"))
-                for job in self.sim.job_list("default")
-                if (job.get("Meta") or {}).get(META_POOL) == POOL
-            }
+            jobs = {job["ID"]: (job.get("Status"), job.get("Stop")) for job in self.pool_jobs()}
             raise AssertionError(
                 f"want {IDLE} idle + {claims} claimed jobs, Nomad holds {jobs}"
             ) from None
