@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint demo clean helm
+.PHONY: venv test test-fast lint demo clean helm
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ helm:
 
 test: lint helm
 	$(BIN)/pytest -q
+
+# What a change needs first: lint and every test not marked slow (pyproject.toml's markers).
+test-fast: lint helm
+	$(BIN)/pytest -q -m "not slow"
 
 demo: $(STAMP)
 	$(BIN)/poolkeeper demo

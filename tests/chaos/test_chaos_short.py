@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from controller.lab.chaos import FAULT_KINDS, Profile, make_schedule, run_chaos
 
 SEED = 7
@@ -30,6 +32,7 @@ def test_every_short_run_restarts_the_controller() -> None:
         assert any(e.kind == "sigkill" for e in schedule[0].events)
 
 
+@pytest.mark.slow
 async def test_short_soak_holds_every_invariant(tmp_path: Path) -> None:
     report = await run_chaos(SEED, MINUTES, tmp_path)
     assert report["invariant_violations"] == [], report["invariant_violations"]

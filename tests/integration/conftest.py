@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ from controller.lab.invariants import NomadJob, PoolSnapshot, check_invariants
 from controller.lab.simulator import SimServer, Simulator, start_sim
 from controller.nomad.config import NomadConfig
 from controller.standalone import Controller, Settings
+from tests.support.waiting import wait_until
 
 TOKEN = "test-api-token"
 
@@ -38,30 +37,9 @@ class FakeClock:
         self.now += timedelta(seconds=seconds)
 
 
-def pool_doc(name: str, idle: int = 3, max_runners: int = 10, **spec: Any) -> dict[str, Any]:
-    runner = spec.pop("runner", {"image": "python:3.12-slim"})
-    return {
-        "apiVersion": "poolkeeper.dev/v1alpha1",
-        "kind": "RunnerPool",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"idleRunners": idle, "maxRunners": max_runners, "runner": runner, **spec},
-    }
-
-
 def write_pools(path: Path, *documents: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump_all(list(documents), sort_keys=False))
     return path
-
-
-async def wait_until(
-    check: Callable[[], Awaitable[bool]], *, within: float = 15.0, what: str = "condition"
-) -> None:
-    """Liveness bound for tests: generous, since CI machines are shared and slow."""
-    deadline = time.monotonic() + within
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within} s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture

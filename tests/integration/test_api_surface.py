@@ -10,8 +10,9 @@ from rich.console import Console
 
 from controller import status_command
 from controller.api.openapi import document
+from tests.support.documents import pool_doc
 
-from .conftest import TOKEN, Harness, pool_doc, write_pools
+from .conftest import TOKEN, Harness, write_pools
 
 PROMISED_METRICS = [
     'poolkeeper_runners{pool="default/py",state="idle"} 2.0',

@@ -12,7 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from controller.lab.bench import REQUIRED_KEYS
+
+pytestmark = pytest.mark.slow
 
 
 def test_quick_bench_writes_every_required_key(tmp_path: Path) -> None:

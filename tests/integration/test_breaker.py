@@ -13,8 +13,10 @@ import pytest
 from controller.core.views import RunnerState
 from controller.lab.simulator import Simulator
 from controller.standalone import Controller
+from tests.support.documents import pool_doc
+from tests.support.waiting import wait_until
 
-from .conftest import Harness, pool_doc, wait_until, write_pools
+from .conftest import Harness, write_pools
 
 KEY = "default/py"
 IDLE = 4
@@ -78,7 +80,7 @@ Fault = Callable[[Simulator, Controller], Awaitable[None]]
 async def test_routine_nomad_work_never_degrades_a_pool(
     harness: Harness, tmp_path: Path, fault: Fault
 ) -> None:
-    pools = write_pools(tmp_path / "p.yaml", pool_doc("py", idle=IDLE, max_runners=12))
+    pools = write_pools(tmp_path / "p.yaml", pool_doc("py", idle=IDLE, maxRunners=12))
     controller = await harness.start(pools, resync_seconds=0.5)
     await harness.settled(controller)
     await fault(harness.sim, controller)
@@ -97,7 +99,7 @@ async def test_failing_starts_open_the_breaker_with_nomads_reason_and_it_closes(
     harness: Harness, tmp_path: Path
 ) -> None:
     harness.sim.fail_starts("*", on=True)
-    pools = write_pools(tmp_path / "p.yaml", pool_doc("py", idle=2, max_runners=12))
+    pools = write_pools(tmp_path / "p.yaml", pool_doc("py", idle=2, maxRunners=12))
     controller = await harness.start(pools, resync_seconds=0.5)
 
     async def is_open() -> bool:

@@ -11,15 +11,17 @@ import pytest
 
 from controller.core.claims import claim_path
 from controller.core.views import RunnerState
+from tests.support.documents import pool_doc
+from tests.support.waiting import wait_until
 
-from .conftest import TOKEN, FakeClock, Harness, pool_doc, wait_until, write_pools
+from .conftest import TOKEN, FakeClock, Harness, write_pools
 
 CLAIMS = "/v1/pools/default/py/claims"
 
 
 async def filled(harness: Harness, tmp_path, idle: int = 3, clock=None, **spec):
     pools = write_pools(
-        tmp_path / "pools.yaml", pool_doc("py", idle=idle, max_runners=idle * 10, **spec)
+        tmp_path / "pools.yaml", pool_doc("py", idle=idle, maxRunners=idle * 10, **spec)
     )
     controller = await (harness.start(pools, clock=clock) if clock else harness.start(pools))
     await harness.settled(controller)
@@ -79,7 +81,7 @@ async def test_request_id_makes_a_claim_idempotent(harness: Harness, tmp_path):
     assert first[1]["runnerId"] == second[1]["runnerId"]
     status, again = await harness.api(controller, "POST", CLAIMS, body)
     assert (status, again["runnerId"]) == (200, first[1]["runnerId"])
-    write_pools(pools, pool_doc("py", idle=3, max_runners=30), pool_doc("other", idle=1))
+    write_pools(pools, pool_doc("py", idle=3, maxRunners=30), pool_doc("other", idle=1))
     controller.load_pools()
     status, conflict = await harness.api(controller, "POST", "/v1/pools/default/other/claims", body)
     assert (status, conflict["error"]["code"]) == (409, "RequestIdConflict")

@@ -8,7 +8,8 @@ from typing import Any
 
 from controller.core.claims import ClaimState
 from controller.standalone import Controller
-from tests.integration.conftest import Harness, pool_doc, write_pools
+from tests.integration.conftest import Harness, write_pools
+from tests.support.documents import pool_doc
 
 
 def live_claims(harness: Harness) -> dict[str, dict[str, str]]:
@@ -30,9 +31,9 @@ async def claim(
 async def test_the_first_listed_pool_with_an_idle_runner_answers(harness: Harness, tmp_path):
     pools = write_pools(
         tmp_path / "p.yaml",
-        pool_doc("first", idle=0, max_runners=5),
-        pool_doc("second", idle=1, max_runners=5),
-        pool_doc("third", idle=2, max_runners=5),
+        pool_doc("first", idle=0, maxRunners=5),
+        pool_doc("second", idle=1, maxRunners=5),
+        pool_doc("third", idle=2, maxRunners=5),
     )
     controller = await harness.start(pools)
     await harness.settled(controller)
@@ -53,8 +54,8 @@ async def test_a_claim_from_a_list_waits_on_every_pool(harness: Harness, tmp_pat
     # "a" cannot refill (maxRunners 1, its runner claimed); "b" refills.
     pools = write_pools(
         tmp_path / "p.yaml",
-        pool_doc("a", idle=1, max_runners=1),
-        pool_doc("b", idle=1, max_runners=3),
+        pool_doc("a", idle=1, maxRunners=1),
+        pool_doc("b", idle=1, maxRunners=3),
     )
     controller = await harness.start(pools)
     await harness.settled(controller)
@@ -89,7 +90,7 @@ async def test_list_validation_and_unknown_pools(harness: Harness, tmp_path):
 
 async def test_a_request_id_is_idempotent_across_the_list(harness: Harness, tmp_path):
     pools = write_pools(
-        tmp_path / "p.yaml", pool_doc("a", idle=0, max_runners=2), pool_doc("b", idle=1)
+        tmp_path / "p.yaml", pool_doc("a", idle=0, maxRunners=2), pool_doc("b", idle=1)
     )
     controller = await harness.start(pools)
     await harness.settled(controller)
@@ -125,7 +126,7 @@ async def test_a_batch_is_all_or_nothing(harness: Harness, tmp_path):
 async def test_concurrent_batches_never_share_a_runner(harness: Harness, tmp_path):
     # maxRunners 20: no replacement can be created while the batches run, so exactly the
     # 20 runners there are to hand out.
-    document = pool_doc("py", idle=20, max_runners=20)
+    document = pool_doc("py", idle=20, maxRunners=20)
     controller = await harness.start(write_pools(tmp_path / "p.yaml", document))
     await harness.settled(controller, within=30)
     answers = await asyncio.gather(

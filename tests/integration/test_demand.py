@@ -19,17 +19,19 @@ from controller.core.demand import TargetReason
 from controller.core.status import count
 from controller.engine.registry import PoolView
 from controller.standalone import Controller
-from tests.integration.conftest import FakeClock, Harness, pool_doc, wait_until, write_pools
+from tests.integration.conftest import FakeClock, Harness, write_pools
+from tests.support.documents import pool_doc
+from tests.support.waiting import wait_until
 
 DEMAND = {"maxIdleRunners": 40, "windowSeconds": 60, "coverSeconds": 5}
 # Runners must not time out while the fake clock jumps minutes ahead of the simulator's.
-SLOW_START_OK = {"startupTimeoutSeconds": 3600}
+SLOW_START_OK: dict[str, Any] = {"startupTimeoutSeconds": 3600}
 LONG_CLAIM = {"inactivityTimeoutSeconds": 3600, "waitSeconds": 10}
 
 
 def demand_pool(**spec: Any) -> dict[str, Any]:
     return pool_doc(
-        "py", idle=2, max_runners=80, demand=DEMAND, claims={"maxInactivityTimeoutSeconds": 3600},
+        "py", idle=2, maxRunners=80, demand=DEMAND, claims={"maxInactivityTimeoutSeconds": 3600},
         **SLOW_START_OK, **spec,
     )  # fmt: skip
 
@@ -144,7 +146,7 @@ async def test_a_schedule_window_raises_the_floor_at_its_start_and_releases_it_a
         "idleRunners": 7,
         "timeZone": "UTC",
     }
-    document = pool_doc("py", idle=2, max_runners=20, schedule=[window], **SLOW_START_OK)
+    document = pool_doc("py", idle=2, maxRunners=20, schedule=[window], **SLOW_START_OK)
     controller = await harness.start(write_pools(tmp_path / "p.yaml", document), clock=clock)
     await harness.settled(controller)
     view = controller.engine.pools["default/py"]

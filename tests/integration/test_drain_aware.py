@@ -8,14 +8,16 @@ from datetime import timedelta
 from controller.core.status import count
 from controller.core.times import parse_time, utcnow
 from controller.core.views import RunnerState
-from tests.integration.conftest import Harness, pool_doc, wait_until, write_pools
+from tests.integration.conftest import Harness, write_pools
+from tests.support.documents import pool_doc
+from tests.support.waiting import wait_until
 
 IDLE = 6
 
 
 async def test_a_drain_never_takes_the_idle_count_below_the_target(harness: Harness, tmp_path):
     controller = await harness.start(
-        write_pools(tmp_path / "p.yaml", pool_doc("py", idle=IDLE, max_runners=20)),
+        write_pools(tmp_path / "p.yaml", pool_doc("py", idle=IDLE, maxRunners=20)),
         resync_seconds=0.5,
     )
     await harness.settled(controller)
@@ -68,7 +70,7 @@ async def test_a_drain_never_takes_the_idle_count_below_the_target(harness: Harn
 
 async def test_idle_runners_on_an_ineligible_node_are_replaced_too(harness: Harness, tmp_path):
     controller = await harness.start(
-        write_pools(tmp_path / "p.yaml", pool_doc("py", idle=IDLE, max_runners=20))
+        write_pools(tmp_path / "p.yaml", pool_doc("py", idle=IDLE, maxRunners=20))
     )
     await harness.settled(controller)
     view = controller.engine.pools["default/py"]

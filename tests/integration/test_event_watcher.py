@@ -20,6 +20,7 @@ from controller.nomad.config import NomadConfig
 from controller.nomad.events import EventWatcher
 from tests.integration.fake_http import multi_query, serve_app
 from tests.integration.test_nomad_client import make_tls, server_context
+from tests.support.waiting import wait_until
 
 TOKEN = "6b1d-event-token-never-to-be-seen"
 Script = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -163,13 +164,6 @@ def watch(made: list[EventWatcher], url: str, recorder: Recorder, **kwargs: Any)
     return watcher
 
 
-async def wait_for(condition: Callable[[], bool], limit: float = 5.0) -> None:
-    deadline = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.005)
-
-
 async def test_events_become_job_hints_and_the_stream_resumes_after_the_last_index(serve, watchers):
     fake = await serve(
         stream_of(
@@ -184,7 +178,7 @@ async def test_events_become_job_hints_and_the_stream_resumes_after_the_last_ind
     recorder = Recorder()
     watcher = watch(watchers, fake.url, recorder)
 
-    await wait_for(lambda: "py-000000000003" in recorder.jobs)
+    await wait_until(lambda: "py-000000000003" in recorder.jobs)
 
     # Duplicates within a frame are folded; every Job key and Allocation JobID is a hint.
     assert recorder.jobs == ["py-000000000001", "py-000000000002", "py-000000000002",
@@ -212,7 +206,7 @@ async def test_backoff_grows_while_failing_and_resets_after_a_healthy_period(ser
     recorder = Recorder()
     watch(watchers, fake.url, recorder, backoff_base=0.02, backoff_max=5, healthy_after=0.2)
 
-    await wait_for(lambda: len(fake.connects) >= 7)
+    await wait_until(lambda: len(fake.connects) >= 7)
 
     gaps = [b.at - a for a, b in zip(fake.closed_at, fake.connects[1:], strict=False)]
     # Delays are drawn from [c/2, c] with c = 0.02 * 2**(n-1): 0.01-0.02, ..., 0.16-0.32.
@@ -237,7 +231,7 @@ async def test_never_dies_on_errors_and_logs_each_kind_once(serve, watchers, cap
     recorder = Recorder()
     watch(watchers, fake.url, recorder, backoff_base=0.005)
 
-    await wait_for(lambda: "py-000000000009" in recorder.jobs)
+    await wait_until(lambda: "py-000000000009" in recorder.jobs)
 
     assert len(fake.connects) == 6
     assert fake.connects[3].query["index"] == ["6"]  # resumes after the aborted stream
@@ -251,7 +245,7 @@ async def test_stop_is_prompt_while_streaming_and_while_backing_off(serve, watch
     fake = await serve(stream_of(then="open"))
     recorder = Recorder()
     watcher = watch(watchers, fake.url, recorder)
-    await wait_for(lambda: recorder.states[-1:] == [True])
+    await wait_until(lambda: recorder.states[-1:] == [True])
     started = time.monotonic()
     await watcher.stop()
     assert time.monotonic() - started < 1
@@ -259,7 +253,7 @@ async def test_stop_is_prompt_while_streaming_and_while_backing_off(serve, watch
 
     failing = await serve(status(500, "boom"))
     backing_off = watch(watchers, failing.url, Recorder(), backoff_base=30, backoff_max=30)
-    await wait_for(lambda: len(failing.connects) == 1)
+    await wait_until(lambda: len(failing.connects) == 1)
     started = time.monotonic()
     await backing_off.stop()
     assert time.monotonic() - started < 1
@@ -280,7 +274,7 @@ async def test_follows_a_tls_stream_only_when_the_certificate_verifies(
     env = {"NOMAD_ADDR": fake.url, "NOMAD_CACERT": str(ca), "NOMAD_SKIP_VERIFY": "false"}
     watch(watchers, fake.url, trusted, config=NomadConfig.from_env(env))
 
-    await wait_for(lambda: trusted.jobs == ["py-000000000001"])
+    await wait_until(lambda: trusted.jobs == ["py-000000000001"])
     await asyncio.sleep(0.1)
     assert untrusted.jobs == []
     assert untrusted.states == [False]
@@ -305,17 +299,17 @@ async def test_simulator_events_wake_jobs_and_survive_a_disconnect(watchers):
         )
         watchers.append(watcher)
         watcher.start()
-        await wait_for(lambda: recorder.states[-1:] == [True])
+        await wait_until(lambda: recorder.states[-1:] == [True])
 
         await client.register_job(batch_job("py-000000000001"), enforce_index=0)
-        await wait_for(lambda: "py-000000000001" in recorder.jobs)
+        await wait_until(lambda: "py-000000000001" in recorder.jobs)
         seen = watcher.last_index
         assert seen > 0
 
         server.sim.disconnect_event_streams()
-        await wait_for(lambda: recorder.states[-2:] == [False, True])
+        await wait_until(lambda: recorder.states[-2:] == [False, True])
         await client.register_job(batch_job("py-000000000002"), enforce_index=0)
-        await wait_for(lambda: "py-000000000002" in recorder.jobs)
+        await wait_until(lambda: "py-000000000002" in recorder.jobs)
         assert watcher.last_index > seen
         assert set(recorder.jobs) == {"py-000000000001", "py-000000000002"}
     finally:

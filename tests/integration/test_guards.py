@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from controller.core.runner_ids import META_POOL
+from tests.support.documents import pool_doc
+from tests.support.waiting import wait_until
 
-from .conftest import Harness, pool_doc, wait_until, write_pools
+from .conftest import Harness, write_pools
 
 
 async def live_jobs(harness: Harness, pool: str) -> list[str]:

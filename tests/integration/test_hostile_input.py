@@ -28,8 +28,10 @@ import controller.service as service
 from controller.api.app import MAX_BODY_BYTES
 from controller.lab.simulator import Simulator
 from controller.standalone import Controller
+from tests.support.documents import pool_doc
+from tests.support.waiting import wait_until
 
-from .conftest import TOKEN, Harness, pool_doc, wait_until, write_pools
+from .conftest import TOKEN, Harness, write_pools
 
 POOL_PATH = "/v1/pools/default/py/claims"
 METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]
@@ -134,7 +136,7 @@ class Api:
 
 @pytest.fixture
 async def api(harness: Harness, tmp_path: Path) -> AsyncIterator[Api]:
-    pools = write_pools(tmp_path / "pools.yaml", pool_doc("py", idle=2, max_runners=200))
+    pools = write_pools(tmp_path / "pools.yaml", pool_doc("py", idle=2, maxRunners=200))
     controller = await harness.start(pools)
     await harness.settled(controller)
     status, openapi = await harness.api(controller, "GET", "/openapi.json", token=None)
@@ -239,6 +241,7 @@ async def test_fuzz_routes_from_the_openapi_document(
     await api.check(method, path, body=body, headers={"Content-Type": "application/json"})
 
 
+@pytest.mark.slow
 @settings(
     max_examples=60,
     deadline=None,
@@ -438,6 +441,7 @@ def short_http_timeout(monkeypatch: pytest.MonkeyPatch) -> float:
     return 1.5
 
 
+@pytest.mark.slow
 async def test_slow_headers_are_cut_off_while_others_are_served(
     short_http_timeout: float, api: Api
 ) -> None:
@@ -454,6 +458,7 @@ async def test_slow_headers_are_cut_off_while_others_are_served(
     assert max(latencies) < 2.0, latencies
 
 
+@pytest.mark.slow
 async def test_slow_bodies_are_cut_off_while_others_are_served(
     short_http_timeout: float, api: Api
 ) -> None:

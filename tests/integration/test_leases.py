@@ -13,8 +13,10 @@ import pytest
 from controller import service
 from controller.core.leases import takeover_seconds
 from controller.standalone import Controller
+from tests.support.documents import pool_doc
+from tests.support.waiting import wait_until
 
-from .conftest import TOKEN, Harness, pool_doc, wait_until, write_pools
+from .conftest import TOKEN, Harness, write_pools
 
 KEY = "default/py"
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from controller.nomad.errors import (
     NomadUnavailable,
 )
 from tests.integration.fake_http import multi_query, serve_app
+from tests.support.ports import free_port
 
 TOKEN = "9f3c1e2a-token-never-to-be-seen"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -127,12 +127,6 @@ def stored_variable(path: str, items: dict[str, str], index: int) -> dict[str, A
         "ModifyTime": 1,
         "Items": items,
     }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # -- variables ---------------------------------------------------------------------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -18,16 +17,15 @@ import pytest
 
 from controller.core.runner_ids import META_POOL
 from controller.lab.simulator import SimServer, Simulator, start_sim
+from tests.support.documents import pool_doc
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
-from .conftest import pool_doc, wait_until, write_pools
+from .conftest import write_pools
+
+pytestmark = pytest.mark.slow
 
 API_TOKEN = "api-token-9f2c1e7d"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Process:
@@ -87,7 +85,7 @@ def live_runners(sim: Simulator, pool: str) -> list[dict[str, Any]]:
 
 async def test_sigkill_in_a_burst_of_creations_duplicates_and_loses_nothing(slow_sim, tmp_path):
     sim, server = slow_sim
-    pools = write_pools(tmp_path / "pools.yaml", pool_doc("burst", idle=60, max_runners=70))
+    pools = write_pools(tmp_path / "pools.yaml", pool_doc("burst", idle=60, maxRunners=70))
     process = Process(pools, server.url, tmp_path)
     process.start()
 

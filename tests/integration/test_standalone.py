@@ -9,8 +9,10 @@ import pytest
 
 from controller.core.runner_ids import META_POOL, META_TEMPLATE
 from controller.core.views import RunnerState
+from tests.support.documents import pool_doc
+from tests.support.waiting import wait_until
 
-from .conftest import Harness, pool_doc, wait_until, write_pools
+from .conftest import Harness, write_pools
 
 
 async def test_pool_fills_to_its_idle_count_without_over_creation(harness: Harness, tmp_path):
@@ -284,6 +286,7 @@ async def test_orphan_after_a_drain_began_cancels_the_recorded_drain(harness: Ha
     assert claim["runnerId"] in {j["ID"] for j in await harness.jobs(restarted)}
 
 
+@pytest.mark.slow
 async def test_starts_while_nomad_is_unreachable_and_catches_up(harness: Harness, tmp_path):
     pools = write_pools(
         tmp_path / "pools.yaml",
@@ -316,7 +319,7 @@ async def test_stop_wins_over_a_hint_that_arrives_just_before_it(
     # waited for had just been set: the loop kept running and stop() never returned.
     # `turns` walks a stop through that window, one event-loop turn at a time.
     controller = await harness.start(
-        write_pools(tmp_path / "pools.yaml", pool_doc("py", idle=2, max_runners=10))
+        write_pools(tmp_path / "pools.yaml", pool_doc("py", idle=2, maxRunners=10))
     )
     await harness.settled(controller)
     engine = controller.engine

@@ -6,11 +6,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
-import socket
 import subprocess
 import threading
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +25,7 @@ from controller.operator.controller import OperatorController
 from controller.operator.handlers import run
 from controller.operator.options import OperatorOptions, options_from_args
 from tests.operator.fake_k8s import JSON, FakeKubernetes, Rule, denied
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "runnerpools.poolkeeper.dev.yaml"
@@ -77,36 +76,6 @@ def chart_operator_args(*values: str) -> list[str]:
     args = [str(a) for a in container["args"]]
     assert args[0] == "operator", args
     return args[1:]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def pool_doc(name: str, idle: int = 2, **spec: Any) -> JSON:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "RunnerPool",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {"idleRunners": idle, "runner": {"image": "python:3.12-slim"}, **spec},
-    }
-
-
-async def wait_until(
-    check: Callable[[], Awaitable[bool] | bool], *, within: float = 15.0, what: str = "condition"
-) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        result = check()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within} s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 @dataclasses.dataclass

@@ -9,9 +9,9 @@ Behaves like the real one where the operator, kopf and kubectl rely on it:
 - the status and scale subresources are separate from the main resource;
 - finalizers and deletionTimestamp: DELETE only marks while finalizers remain, the
   object goes once the last one is removed; no new finalizers on a deleting object;
-- CRDs are served once created (kubectl apply works); their structural schema prunes
-  unknown fields, applies defaults and validates (types, enums, patterns, bounds), and
-  their CEL rules (cel-python) run on create and update, transition rules on update only;
+- CRDs are served once created (kubectl apply works), and their custom resources are
+  pruned, defaulted and validated (OpenAPI and CEL rules) as ``tests/support/
+  structural_schema.py`` describes, one emulation with the CRD agreement test's;
 - every request is recorded with its user and RBAC attributes (verb, group, resource,
   subresource) so a test can check them against the chart's rules.
 """
@@ -30,10 +30,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import celpy
 import yaml
 from aiohttp import web
-from celpy.adapter import json_to_cel
+
+from tests.support.structural_schema import Invalid, StructuralSchema
 
 SERVER_VERSION = {
     "major": "1",
@@ -96,11 +96,14 @@ class ResourceType:
         "update",
         "watch",
     )
-    schema: JSON | None = None  # openAPIV3Schema of a CRD version
-    status_subresource: bool = False
+    schema: StructuralSchema | None = None  # of a CRD version
     scale: JSON | None = None  # the CRD's scale subresource paths
     categories: tuple[str, ...] = ()
     printer_columns: tuple[JSON, ...] = ()
+
+    @property
+    def status_subresource(self) -> bool:
+        return self.schema is not None and self.schema.status_subresource
 
     @property
     def api_version(self) -> str:
@@ -153,159 +156,7 @@ PEERING_CRDS: list[JSON] = [
 ]
 
 
-# ---- structural schemas -------------------------------------------------------------------
-
-
-def _nullable(schema: Mapping[str, Any]) -> bool:
-    return bool(schema.get("nullable"))
-
-
-def prune_and_default(value: Any, schema: Mapping[str, Any], *, root: bool = False) -> Any:
-    """Kubernetes' order: drop unknown fields and nulls (of non-nullable fields), then
-    apply defaults, recursively (a defaulted object gets its own defaults too)."""
-    if isinstance(value, dict) and schema.get("type", "object") == "object":
-        properties: Mapping[str, Any] = schema.get("properties", {})
-        additional = schema.get("additionalProperties")
-        preserve = schema.get("x-kubernetes-preserve-unknown-fields", False)
-        result: JSON = {}
-        for key, item in value.items():
-            if root and key in ("apiVersion", "kind", "metadata"):
-                result[key] = item
-                continue
-            sub = properties.get(key)
-            if sub is None and isinstance(additional, Mapping):
-                sub = additional
-            if sub is None:
-                if preserve:
-                    result[key] = item
-                continue
-            if item is None and not _nullable(sub):
-                continue
-            result[key] = prune_and_default(item, sub)
-        for key, sub in properties.items():
-            if key not in result and "default" in sub:
-                result[key] = prune_and_default(copy.deepcopy(sub["default"]), sub)
-        return result
-    if isinstance(value, list) and isinstance(schema.get("items"), Mapping):
-        return [prune_and_default(item, schema["items"]) for item in value]
-    return value
-
-
-_TYPES: dict[str, tuple[type, ...]] = {
-    "object": (dict,),
-    "array": (list,),
-    "string": (str,),
-    "boolean": (bool,),
-}
-
-
-def _type_ok(value: Any, kind: str) -> bool:
-    if kind == "integer":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind == "number":
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    return isinstance(value, _TYPES.get(kind, (object,)))
-
-
-def _cause(path: str, message: str, reason: str = "FieldValueInvalid") -> JSON:
-    return {"reason": reason, "message": message, "field": path}
-
-
-def validate(
-    value: Any,
-    schema: Mapping[str, Any],
-    path: str,
-    old: Any = None,
-    has_old: bool = False,
-    *,
-    cel: bool = True,
-) -> list[JSON]:
-    """OpenAPI checks and CEL rules of one (pruned, defaulted) value."""
-    if value is None:
-        return [] if _nullable(schema) else [_cause(path, "Required value", "FieldValueRequired")]
-    causes: list[JSON] = []
-    kind = schema.get("type")
-    if kind and not _type_ok(value, kind):
-        return [_cause(path, f"Invalid value: must be of type {kind}", "FieldValueTypeInvalid")]
-    if "enum" in schema and value not in schema["enum"]:
-        causes.append(_cause(path, f"Unsupported value: {value!r}", "FieldValueNotSupported"))
-    if isinstance(value, str):
-        if "pattern" in schema and not re.search(schema["pattern"], value):
-            causes.append(_cause(path, f"Invalid value: should match '{schema['pattern']}'"))
-        if len(value) < schema.get("minLength", 0):
-            causes.append(_cause(path, f"Invalid value: at least {schema['minLength']} chars"))
-        if "maxLength" in schema and len(value) > schema["maxLength"]:
-            causes.append(_cause(path, "Too long", "FieldValueTooLong"))
-    if _type_ok(value, "number"):
-        if "minimum" in schema and value < schema["minimum"]:
-            causes.append(_cause(path, f"Invalid value: should be >= {schema['minimum']}"))
-        if "maximum" in schema and value > schema["maximum"]:
-            causes.append(_cause(path, f"Invalid value: should be <= {schema['maximum']}"))
-    if isinstance(value, list):
-        if len(value) < schema.get("minItems", 0):
-            causes.append(_cause(path, f"should have at least {schema['minItems']} items"))
-        if schema.get("x-kubernetes-list-type") == "set":
-            seen: list[Any] = []
-            for index, item in enumerate(value):
-                if item in seen:
-                    causes.append(
-                        _cause(f"{path}[{index}]", "Duplicate value", "FieldValueDuplicate")
-                    )
-                seen.append(item)
-        items = schema.get("items")
-        if isinstance(items, Mapping):
-            for index, item in enumerate(value):
-                causes += validate(item, items, f"{path}[{index}]", cel=cel)
-    if isinstance(value, dict):
-        properties: Mapping[str, Any] = schema.get("properties", {})
-        for name in schema.get("required", ()):
-            if name not in value:
-                causes.append(_cause(f"{path}.{name}", "Required value", "FieldValueRequired"))
-        additional = schema.get("additionalProperties")
-        old_map = old if has_old and isinstance(old, dict) else {}
-        for key, item in value.items():
-            sub = properties.get(key)
-            if sub is None and isinstance(additional, Mapping):
-                sub = additional
-            if sub is not None:
-                child = f"{path}.{key}" if path else key
-                causes += validate(item, sub, child, old_map.get(key), key in old_map, cel=cel)
-    if not causes and cel:
-        causes += _cel(value, schema, path, old, has_old)
-    return causes
-
-
-_CEL = celpy.Environment()
-_PROGRAMS: dict[str, Any] = {}
-
-
-def _program(rule: str) -> Any:
-    if rule not in _PROGRAMS:
-        _PROGRAMS[rule] = _CEL.program(_CEL.compile(rule))
-    return _PROGRAMS[rule]
-
-
-def _cel(value: Any, schema: Mapping[str, Any], path: str, old: Any, has_old: bool) -> list[JSON]:
-    causes: list[JSON] = []
-    for rule in schema.get("x-kubernetes-validations", ()):
-        text = rule["rule"]
-        transition = re.search(r"\boldSelf\b", text) is not None
-        if transition and not has_old:
-            continue  # transition rules run on updates only
-        activation = {"self": json_to_cel(value)}
-        if transition:
-            activation["oldSelf"] = json_to_cel(old)
-        try:
-            result = _program(text).evaluate(activation)
-        except Exception as error:  # an evaluation error rejects, as in Kubernetes
-            result = error
-        if result is not True and not (isinstance(result, celpy.celtypes.BoolType) and result):
-            where = path + rule.get("fieldPath", "")
-            message = rule.get("message") or f"failed rule: {text}"
-            causes.append(
-                _cause(where, f"Invalid value: {message}", rule.get("reason", "FieldValueInvalid"))
-            )
-    return causes
+# ---- printing ------------------------------------------------------------------------
 
 
 def _json_path(obj: Any, path: str) -> Any:
@@ -804,27 +655,20 @@ class FakeKubernetes:
             "items": items,
         }
 
-    def _admit(self, rtype: ResourceType, obj: JSON, old: JSON | None) -> JSON:
-        """Prune, default and validate a custom resource as the API server does."""
+    def _admit(
+        self, rtype: ResourceType, obj: JSON, current: JSON | None, subresource: str = ""
+    ) -> JSON:
+        """A custom resource as the API server stores it: pruned, defaulted, validated."""
         if rtype.schema is None:
             return obj
-        obj = prune_and_default(obj, rtype.schema, root=True)
-        causes: list[JSON] = []
-        for key, sub in rtype.schema.get("properties", {}).items():
-            if key in ("apiVersion", "kind", "metadata"):
-                continue
-            if key in obj:
-                has_old = old is not None and key in old
-                causes += validate(
-                    obj[key], sub, key, old.get(key) if old else None, has_old, cel=self.cel_enabled
-                )
-            elif key in rtype.schema.get("required", ()):
-                causes.append(_cause(key, "Required value", "FieldValueRequired"))
-        if causes:
-            name = obj.get("metadata", {}).get("name", "")
-            detail = "; ".join(f"{c['field']}: {c['message']}" for c in causes)
-            raise ApiError(422, "Invalid", f'{rtype.kind} "{name}" is invalid: {detail}', causes)
-        return obj
+        try:
+            return rtype.schema.admit(obj, current, subresource=subresource, cel=self.cel_enabled)
+        except Invalid as invalid:
+            name = (current or obj).get("metadata", {}).get("name", "")
+            causes = [cause.as_json() for cause in invalid.causes]
+            raise ApiError(
+                422, "Invalid", f'{rtype.kind} "{name}" is invalid: {invalid}', causes
+            ) from None
 
     def create_object(self, rtype: ResourceType, namespace: str, body: JSON) -> JSON:
         if not isinstance(body, dict):
@@ -852,8 +696,6 @@ class FakeKubernetes:
         if (namespace, meta["name"]) in store:
             raise ApiError(409, "AlreadyExists", f'{rtype.plural} "{meta["name"]}" already exists')
         obj["apiVersion"], obj["kind"] = rtype.api_version, rtype.kind
-        if rtype.status_subresource:
-            obj.pop("status", None)  # status is written through its subresource only
         obj = self._admit(rtype, obj, None)
         meta = obj["metadata"]
         meta.update(
@@ -884,7 +726,7 @@ class FakeKubernetes:
                 raise self._conflict(rtype, target.name)
             updated = copy.deepcopy(current)
             _set_json_path(updated, rtype.scale["specReplicasPath"], wanted)  # type: ignore[index]
-            stored = self._store(rtype, current, updated, status_only=False)
+            stored = self._store(rtype, current, updated)
             return self._scale_of(rtype, stored)
         proposed = change(copy.deepcopy(current))
         if not isinstance(proposed, dict):
@@ -892,18 +734,7 @@ class FakeKubernetes:
         sent_rv = (proposed.get("metadata") or {}).get("resourceVersion")
         if precondition and sent_rv and sent_rv != current["metadata"]["resourceVersion"]:
             raise self._conflict(rtype, target.name)
-        if target.subresource == "status":
-            updated = copy.deepcopy(current)
-            if "status" in proposed:
-                updated["status"] = proposed["status"]
-            else:
-                updated.pop("status", None)
-            return self._store(rtype, current, updated, status_only=True)
-        if rtype.status_subresource:  # the main resource ignores status changes
-            proposed.pop("status", None)
-            if "status" in current:
-                proposed["status"] = current["status"]
-        return self._store(rtype, current, proposed, status_only=False)
+        return self._store(rtype, current, proposed, subresource=target.subresource)
 
     def _conflict(self, rtype: ResourceType, name: str) -> ApiError:
         return ApiError(
@@ -914,45 +745,37 @@ class FakeKubernetes:
         )
 
     def _store(
-        self, rtype: ResourceType, current: JSON, updated: JSON, *, status_only: bool
+        self, rtype: ResourceType, current: JSON, updated: JSON, *, subresource: str = ""
     ) -> JSON:
-        meta_now, meta = current["metadata"], dict(updated.get("metadata") or {})
-        # Immutable and server-owned metadata.
-        for key in (
-            "uid",
-            "creationTimestamp",
-            "generation",
-            "deletionTimestamp",
-            "namespace",
-            "name",
-        ):
-            if key in meta_now:
-                meta[key] = meta_now[key]
-            else:
-                meta.pop(key, None)
-        if status_only:
-            meta = copy.deepcopy(meta_now)
-        if meta_now.get("deletionTimestamp"):
-            added = set(meta.get("finalizers") or ()) - set(meta_now.get("finalizers") or ())
-            if added:
-                raise ApiError(
-                    422,
-                    "Invalid",
-                    "metadata.finalizers: Forbidden: no new finalizers can be added if the object "
-                    f"is being deleted, found new finalizers {sorted(added)}",
-                )
-        updated["metadata"] = meta
+        meta_now = current["metadata"]
+        if subresource != "status":  # a write through /status changes the status only
+            meta = dict(updated.get("metadata") or {})
+            # Immutable and server-owned metadata.
+            for key in (
+                "uid",
+                "creationTimestamp",
+                "generation",
+                "deletionTimestamp",
+                "namespace",
+                "name",
+            ):
+                if key in meta_now:
+                    meta[key] = meta_now[key]
+                else:
+                    meta.pop(key, None)
+            if meta_now.get("deletionTimestamp"):
+                added = set(meta.get("finalizers") or ()) - set(meta_now.get("finalizers") or ())
+                if added:
+                    raise ApiError(
+                        422,
+                        "Invalid",
+                        "metadata.finalizers: Forbidden: no new finalizers can be added if the "
+                        f"object is being deleted, found new finalizers {sorted(added)}",
+                    )
+            updated["metadata"] = meta
         updated["apiVersion"], updated["kind"] = rtype.api_version, rtype.kind
-        if status_only and rtype.schema is not None:
-            status_schema = rtype.schema.get("properties", {}).get("status")
-            if status_schema is not None and "status" in updated:
-                updated["status"] = prune_and_default(updated["status"], status_schema)
-                causes = validate(updated["status"], status_schema, "status")
-                if causes:
-                    detail = "; ".join(f"{c['field']}: {c['message']}" for c in causes)
-                    raise ApiError(422, "Invalid", f"status is invalid: {detail}", causes)
-        else:
-            updated = self._admit(rtype, updated, current)
+        updated = self._admit(rtype, updated, current, subresource)
+        meta = updated["metadata"]
         # Custom resources: every change but metadata (and status, when it has its own
         # subresource) moves the generation.
         ignored = {"metadata", "apiVersion", "kind"} | (
@@ -1054,7 +877,6 @@ class FakeKubernetes:
         for version in spec["versions"]:
             if not version.get("served", True):
                 continue
-            subresources = version.get("subresources") or {}
             rtype = ResourceType(
                 spec["group"],
                 version["name"],
@@ -1063,9 +885,8 @@ class FakeKubernetes:
                 spec["scope"] == "Namespaced",
                 names.get("singular", names["kind"].lower()),
                 tuple(names.get("shortNames", ())),
-                schema=(version.get("schema") or {}).get("openAPIV3Schema") or dict(_ANY_OBJECT),
-                status_subresource="status" in subresources,
-                scale=subresources.get("scale"),
+                schema=StructuralSchema.of_version(version),
+                scale=(version.get("subresources") or {}).get("scale"),
                 categories=tuple(names.get("categories", ())),
                 printer_columns=tuple(version.get("additionalPrinterColumns") or ()),
             )

@@ -10,8 +10,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.operator.conftest import ADMIN, Cluster, install, pool_doc
+from tests.operator.conftest import ADMIN, Cluster, install
 from tests.operator.fake_k8s import FakeKubernetes
+from tests.support.documents import pool_doc
 
 MERGE = "application/merge-patch+json"
 

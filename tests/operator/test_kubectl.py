@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.operator.conftest import CRD_FILE, ROOT, Cluster, wait_until
+from tests.operator.conftest import CRD_FILE, ROOT, Cluster
+from tests.support.waiting import wait_until
 
 EXAMPLES = ROOT / "examples" / "pools.yaml"
 

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.operator.conftest import Cluster, Replica, pool_doc, wait_until
+import pytest
+
+from tests.operator.conftest import Cluster, Replica
+from tests.support.documents import pool_doc
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.slow
 
 
 async def test_pool_follows_its_resource(cluster: Cluster) -> None:
@@ -140,11 +146,13 @@ async def test_finalizer_waits_while_nomad_is_unreachable(cluster: Cluster) -> N
     await wait_until(lambda: len(cluster.jobs("cut")) == 1, what="a runner")
     cluster.sim.api_fault("refuse", seconds=4.0)
     await cluster.k8s("DELETE", cluster.pool_path("cut"))
-    await wait_until(
-        lambda: bool(cluster.events("NomadUnavailable")), what="a NomadUnavailable Event"
-    )
-    terminating = cluster.condition("cut", "Terminating") or {}
-    assert "unreachable" in terminating.get("message", "")
+
+    def reported() -> bool:  # the Event and the status are two writes, in either order
+        terminating = cluster.condition("cut", "Terminating") or {}
+        unreachable = "unreachable" in terminating.get("message", "")
+        return unreachable and bool(cluster.events("NomadUnavailable"))
+
+    await wait_until(reported, what="a NomadUnavailable Event and the Terminating condition")
     assert cluster.pool("cut") is not None
     # Nomad is back: the drain finishes.
     await wait_until(

@@ -20,7 +20,10 @@ from controller.operator.options import (
     operator_settings,
     options_from_args,
 )
-from tests.operator.conftest import Cluster, free_port, pool_doc, wait_until
+from tests.operator.conftest import Cluster
+from tests.support.documents import pool_doc
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 
 def parse(*argv: str) -> OperatorOptions:

@@ -6,13 +6,17 @@ import asyncio
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.operator.conftest import (
     Cluster,
     Replica,
     chart_operator_args,
-    pool_doc,
-    wait_until,
 )
+from tests.support.documents import pool_doc
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.slow
 
 LIFETIME = 3  # seconds; the chart's replicas use controller.operator.PEERING_LIFETIME_SECONDS
 

@@ -18,10 +18,10 @@ from tests.operator.conftest import (
     Cluster,
     chart_operator_args,
     chart_rules,
-    pool_doc,
-    wait_until,
 )
 from tests.operator.fake_k8s import Request, denied
+from tests.support.documents import pool_doc
+from tests.support.waiting import wait_until
 
 
 def test_the_rules_come_from_the_rendered_chart() -> None:

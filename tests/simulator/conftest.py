@@ -35,16 +35,6 @@ def service_job(
     return job
 
 
-async def wait_until(predicate: Callable[[], bool], limit: float = 3.0) -> None:
-    """Poll in-process state (cheap) until predicate holds; fail after `timeout`."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.005)
-
-
 class Client:
     """A thin aiohttp wrapper returning (status, parsed body or text, headers)."""
 

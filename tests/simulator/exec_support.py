@@ -15,7 +15,8 @@ from typing import Any
 import aiohttp
 
 from controller.lab.simulator import SimServer, Simulator
-from tests.simulator.conftest import Client, service_job, wait_until
+from tests.simulator.conftest import Client, service_job
+from tests.support.waiting import wait_until
 
 
 async def running_alloc(client: Client, sim: Simulator, job: dict[str, Any] | None = None) -> str:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from controller.lab.simulator import Simulator
-from tests.simulator.conftest import Client, service_job, wait_until
+from tests.simulator.conftest import Client, service_job
+from tests.support.waiting import wait_until
 
 
 async def test_placed_pending_then_running(client: Client, sim: Simulator) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from controller.lab.simulator import Simulator
-from tests.simulator.conftest import service_job, wait_until
+from tests.simulator.conftest import service_job
+from tests.support.waiting import wait_until
 
 
 async def _story(seed: int) -> list[tuple[str, str, str]]:

@@ -6,7 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 from controller.lab.simulator import Simulator
-from tests.simulator.conftest import Client, service_job, wait_until
+from tests.simulator.conftest import Client, service_job
+from tests.support.waiting import wait_until
 
 
 async def test_heartbeat_on_connect_and_register_frames(

@@ -13,7 +13,7 @@ import pytest
 
 from controller.lab.simulator import SimServer, Simulator, start_sim
 from controller.lab.simulator.api_exec import NO_LOCAL_EXEC
-from tests.simulator.conftest import START_DELAY, Client, service_job, wait_until
+from tests.simulator.conftest import START_DELAY, Client, service_job
 from tests.simulator.exec_support import (
     alive,
     close_stdin,
@@ -28,6 +28,7 @@ from tests.simulator.exec_support import (
     running_alloc,
     send_stdin,
 )
+from tests.support.waiting import wait_until
 
 SH = "/bin/sh"
 

@@ -11,7 +11,8 @@ import pytest
 
 from controller.lab.simulator import Simulator, start_sim
 from controller.lab.simulator.util import ApiError
-from tests.simulator.conftest import Client, Stream, service_job, wait_until
+from tests.simulator.conftest import Client, Stream, service_job
+from tests.support.waiting import wait_until
 
 
 async def _running(client: Client, sim: Simulator, job: dict[str, Any]) -> list[dict[str, Any]]:
@@ -284,7 +285,7 @@ async def test_fail_starts_then_reschedule(client: Client, sim: Simulator) -> No
     }
     sim.fail_starts("broken:1")
     await client.register(job)
-    await wait_until(lambda: len(sim.allocations("flaky")) == 2, limit=3)
+    await wait_until(lambda: len(sim.allocations("flaky")) == 2, within=3)
     first, second = sim.allocations("flaky")
     assert first["ClientStatus"] == "failed" and first["ClientDescription"] == "Failed tasks"
     assert first["FollowupEvalID"] and sim.evals[first["FollowupEvalID"]].get("WaitUntil")

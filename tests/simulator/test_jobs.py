@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from controller.lab.simulator import Simulator
-from tests.simulator.conftest import Client, service_job, wait_until
+from tests.simulator.conftest import Client, service_job
+from tests.support.waiting import wait_until
 
 
 def _status(sim: Simulator, job_id: str) -> str | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
@@ -20,6 +19,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".cache" / "python-nomad"
@@ -102,13 +103,6 @@ def _prepare(folder: Path) -> None:
     (folder / "pytest.ini").write_text("[pytest]\nmarkers =\n    run: ordering hint\n")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _wait_listening(url: str, proc: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
@@ -122,12 +116,14 @@ def _wait_listening(url: str, proc: subprocess.Popen[bytes]) -> None:
     raise AssertionError("simulator did not start listening")
 
 
+@pytest.mark.slow
+@pytest.mark.network
 def test_python_nomad_suite(tmp_path: Path) -> None:
     try:
         _prepare(tmp_path)
     except subprocess.CalledProcessError as exc:
         pytest.fail(f"could not download python-nomad 2.1.0: {exc.stderr.decode()[-500:]}")
-    port = _free_port()
+    port = free_port()
     sim = subprocess.Popen(
         [
             sys.executable,

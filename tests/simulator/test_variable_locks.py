@@ -10,7 +10,8 @@ import aiohttp
 import pytest
 
 from controller.lab.simulator import Simulator, start_sim
-from tests.simulator.conftest import Client, Stream, wait_until
+from tests.simulator.conftest import Client, Stream
+from tests.support.waiting import wait_until
 
 # One lock second is 20 ms: Nomad's smallest TTL (10 s) runs out in 0.2 s.
 SCALE = 0.02

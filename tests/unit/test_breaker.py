@@ -17,7 +17,7 @@ from controller.core.breaker import (
 )
 from controller.core.classify import classify
 from controller.core.views import RunnerState
-from tests.unit.test_classify import NOW, POLICY, alloc, claim, job, observe
+from tests.support.builders import NOW, POLICY, alloc, claim, job, observe
 
 CLOSED = BreakerState()
 

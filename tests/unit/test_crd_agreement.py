@@ -1,248 +1,41 @@
 """The RunnerPool CRD schema and the pydantic models accept and reject the same documents.
 
-``CrdValidator`` below reproduces what a Kubernetes API server does with a custom resource
-of a structural schema, in its order:
-
-1. the JSON round trip (a whole float such as ``5.0`` is stored and served as ``5``);
-2. pruning of unknown fields (except below ``x-kubernetes-preserve-unknown-fields``);
-3. pruning of ``null`` on non-nullable fields, then defaulting (so ``null`` means "absent");
-4. OpenAPI validation (``jsonschema``, with RE2 patterns as Go evaluates them, and
-   ``x-kubernetes-list-type: set`` uniqueness) plus the object-name rules;
-5. the CEL rules (``x-kubernetes-validations``, with ``cel-python``), transition rules only
-   on updates.
+The CRD is applied as a Kubernetes API server applies it (``tests/support/structural_schema``:
+JSON round trip, pruning, null pruning and defaulting, OpenAPI validation, CEL rules).
 
 For a canonical document (no unknown field, no ``null``, no whole float) the CRD and
 ``RunnerPool.parse_document`` must agree, and on acceptance parse to the same pool (the
 defaults agree). For any document, what the operator is served (the normalised object) must
-be accepted by the model exactly when the CRD accepted the document. The deliberate
-differences (pruning, an opaque ``jobTemplate``) are asserted too.
+be accepted by the model exactly when the CRD accepted the document. Where the two differ on
+purpose it is asserted too: Kubernetes prunes unknown fields and takes ``null`` for absent
+where a pool file is refused, and ``jobTemplate`` is opaque to the CRD and checked by the
+controller.
 """
 
 from __future__ import annotations
 
-import copy
 import json
-import math
 import types
 from collections.abc import Callable, Iterator, Mapping
-from functools import cache
 from pathlib import Path
 from typing import Any, Final, get_args
 
-import celpy
-import jsonschema
 import pytest
-import re2  # type: ignore[import-untyped]
 import yaml
-from celpy.adapter import json_to_cel
-from celpy.celtypes import BoolType
-from celpy.evaluation import CELEvalError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from controller.model import (
-    DNS_LABEL_RE,
-    DNS_SUBDOMAIN_RE,
-    RunnerPool,
-    ScheduleSpec,
-    immutable_changes,
-)
+from controller.model import RunnerPool, ScheduleSpec, immutable_changes
+from tests.support.documents import DELETE, pool_doc, with_fields
+from tests.support.structural_schema import StructuralSchema
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 CRD_PATH: Final = ROOT / "crds" / "runnerpools.poolkeeper.dev.yaml"
 INT32_MAX: Final = 2**31 - 1
-
-
-# --- a structural-schema validator ---------------------------------------------------------
-
-
-def _json_round_trip(value: Any) -> Any:
-    """What Go's JSON encoding does to a value: whole floats come back as integers."""
-    if isinstance(value, dict):
-        return {key: _json_round_trip(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_json_round_trip(item) for item in value]
-    if (
-        isinstance(value, float)
-        and math.isfinite(value)
-        and value.is_integer()
-        and abs(value) < 2**63
-    ):
-        return int(value)
-    return value
-
-
-def _prune(value: Any, schema: Mapping[str, Any]) -> Any:
-    """Drops fields the schema does not know, as structural pruning does."""
-    if isinstance(value, dict) and schema.get("type") == "object":
-        properties: Mapping[str, Any] = schema.get("properties", {})
-        additional = schema.get("additionalProperties")
-        if isinstance(additional, Mapping):
-            return {key: _prune(item, additional) for key, item in value.items()}
-        if schema.get("x-kubernetes-preserve-unknown-fields") and not properties:
-            return value
-        keep_unknown = bool(schema.get("x-kubernetes-preserve-unknown-fields"))
-        return {
-            key: _prune(item, properties[key]) if key in properties else item
-            for key, item in value.items()
-            if key in properties or keep_unknown
-        }
-    if isinstance(value, list) and isinstance(schema.get("items"), Mapping):
-        return [_prune(item, schema["items"]) for item in value]
-    return value
-
-
-def _default(value: Any, schema: Mapping[str, Any]) -> Any:
-    """Null pruning and defaulting: a non-nullable ``null`` becomes absent, absent gets the
-    default, and defaults are applied again inside what was defaulted."""
-    if isinstance(value, dict) and schema.get("type") == "object":
-        properties: Mapping[str, Any] = schema.get("properties", {})
-        result = dict(value)
-        for key, prop in properties.items():
-            if key in result and result[key] is None and not prop.get("nullable"):
-                del result[key]
-            if key not in result and "default" in prop:
-                result[key] = copy.deepcopy(prop["default"])
-        for key, item in list(result.items()):
-            if key in properties:
-                result[key] = _default(item, properties[key])
-            elif isinstance(schema.get("additionalProperties"), Mapping):
-                result[key] = _default(item, schema["additionalProperties"])
-        return result
-    if isinstance(value, list) and isinstance(schema.get("items"), Mapping):
-        return [_default(item, schema["items"]) for item in value]
-    return value
-
-
-def _re2_pattern(
-    validator: Any, pattern: str, instance: Any, schema: Any
-) -> Iterator[jsonschema.ValidationError]:
-    """``pattern`` as the API server evaluates it: Go's RE2, unanchored search."""
-    if isinstance(instance, str) and not re2.search(pattern, instance):
-        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
-
-
-def _list_type(
-    validator: Any, list_type: str, instance: Any, schema: Any
-) -> Iterator[jsonschema.ValidationError]:
-    """``x-kubernetes-list-type``: a ``set`` holds no duplicates, a ``map`` no duplicate keys."""
-    if not isinstance(instance, list):
-        return
-    if list_type == "set":
-        seen: list[Any] = []
-        for item in instance:
-            if any(item == other and type(item) is type(other) for other in seen):
-                yield jsonschema.ValidationError(f"duplicate value {item!r}")
-            seen.append(item)
-    elif list_type == "map":
-        keys = schema.get("x-kubernetes-list-map-keys", [])
-        found = [
-            tuple(item.get(key) for key in keys) for item in instance if isinstance(item, dict)
-        ]
-        if len(found) != len(set(map(json.dumps, found))):
-            yield jsonschema.ValidationError("duplicate map-list keys")
-
-
-_KubernetesValidator = jsonschema.validators.extend(  # type: ignore[no-untyped-call]
-    jsonschema.Draft4Validator,
-    {"pattern": _re2_pattern, "x-kubernetes-list-type": _list_type},
+CRD: Final = StructuralSchema.of_storage_version(
+    yaml.safe_load(CRD_PATH.read_text(encoding="utf-8"))
 )
-
-
-@cache
-def _cel_program(expression: str) -> celpy.Runner:
-    env = celpy.Environment()
-    return env.program(env.compile(expression))
-
-
-def _cel_holds(expression: str, activation: Mapping[str, Any]) -> bool:
-    """A rule holds when it evaluates to true; false or an evaluation error rejects."""
-    program = _cel_program(expression)
-    try:
-        result = program.evaluate({k: json_to_cel(v) for k, v in activation.items()})
-    except CELEvalError:
-        return False
-    return isinstance(result, BoolType) and bool(result)
-
-
-class CrdValidator:
-    """The API server's treatment of one CRD version's openAPIV3Schema."""
-
-    def __init__(self, schema: Mapping[str, Any]) -> None:
-        self.schema = schema
-        self._validator = _KubernetesValidator(schema)
-
-    @classmethod
-    def from_file(cls, path: Path = CRD_PATH) -> CrdValidator:
-        crd = yaml.safe_load(path.read_text(encoding="utf-8"))
-        (version,) = [v for v in crd["spec"]["versions"] if v["storage"]]
-        return cls(version["schema"]["openAPIV3Schema"])
-
-    def normalize(self, document: Any, *, status: bool = False) -> Any:
-        """The object as stored and served: round-tripped, pruned, defaulted. With a status
-        subresource a write to the main resource ignores ``status`` (``status=False``)."""
-        value = _json_round_trip(copy.deepcopy(document))
-        metadata = value.get("metadata") if isinstance(value, dict) else None
-        if isinstance(value, dict) and not status:
-            value.pop("status", None)
-        value = _default(_prune(value, self.schema), self.schema)
-        if isinstance(value, dict) and metadata is not None:
-            value["metadata"] = metadata  # ObjectMeta is validated by its own rules
-        return value
-
-    def errors(self, document: Any, old: Any = None, *, status: bool = False) -> list[str]:
-        """Why the API server would refuse ``document`` (an update of ``old`` if given;
-        a write through the status subresource if ``status``)."""
-        value = self.normalize(document, status=status)
-        problems = [error.message for error in self._validator.iter_errors(value)]
-        problems.extend(_metadata_problems(value))
-        if problems:
-            return problems
-        old_value = self.normalize(old) if old is not None else None
-        return list(self._cel_errors(value, old_value, self.schema, "", old is not None))
-
-    def accepts(self, document: Any, old: Any = None, *, status: bool = False) -> bool:
-        return not self.errors(document, old, status=status)
-
-    def _cel_errors(
-        self, value: Any, old: Any, schema: Mapping[str, Any], path: str, update: bool
-    ) -> Iterator[str]:
-        for rule in schema.get("x-kubernetes-validations", []):
-            expression = rule["rule"]
-            transition = "oldSelf" in expression
-            if transition and (not update or old is None):
-                continue  # transition rules run only where the old object has the field
-            activation = {"self": value, "oldSelf": old} if transition else {"self": value}
-            if not _cel_holds(expression, activation):
-                yield f"{path or '<root>'}: {rule.get('message', expression)}"
-        if isinstance(value, dict):
-            properties: Mapping[str, Any] = schema.get("properties", {})
-            for key, item in value.items():
-                if key in properties:
-                    old_item = old.get(key) if isinstance(old, dict) else None
-                    yield from self._cel_errors(
-                        item, old_item, properties[key], f"{path}.{key}", update
-                    )
-
-
-def _metadata_problems(value: Any) -> Iterator[str]:
-    """The API server's own name rules for a namespaced custom resource."""
-    metadata = value.get("metadata") if isinstance(value, dict) else None
-    if not isinstance(metadata, dict):
-        yield "metadata: required"
-        return
-    name = metadata.get("name")
-    if not (isinstance(name, str) and len(name) <= 253 and DNS_SUBDOMAIN_RE.fullmatch(name)):
-        yield "metadata.name: must be a DNS-1123 subdomain"
-    namespace = metadata.get("namespace", "default")
-    if not (
-        isinstance(namespace, str) and len(namespace) <= 63 and DNS_LABEL_RE.fullmatch(namespace)
-    ):
-        yield "metadata.namespace: must be a DNS-1123 label"
-
-
-CRD: Final = CrdValidator.from_file()
 
 
 def model_accepts(document: Any) -> bool:
@@ -255,31 +48,10 @@ def model_accepts(document: Any) -> bool:
 
 # --- documents ---------------------------------------------------------------------------
 
-MISSING: Final = object()
 
-
-def base_document() -> dict[str, Any]:
-    return {
-        "apiVersion": "poolkeeper.dev/v1alpha1",
-        "kind": "RunnerPool",
-        "metadata": {"name": "python-312", "namespace": "default"},
-        "spec": {"idleRunners": 1, "runner": {"image": "python:3.12-slim"}},
-    }
-
-
-def with_fields(changes: Mapping[str, Any]) -> dict[str, Any]:
-    """The base document with dotted paths set (``MISSING`` deletes)."""
-    document = base_document()
-    for dotted, value in changes.items():
-        *parents, last = dotted.split(".")
-        node = document
-        for part in parents:
-            node = node.setdefault(part, {})
-        if value is MISSING:
-            node.pop(last, None)
-        else:
-            node[last] = value
-    return document
+def document_with(changes: Mapping[str, Any]) -> dict[str, Any]:
+    """A valid document of one idle runner with dotted paths set (``DELETE`` removes)."""
+    return with_fields(pool_doc(idle=1), changes)
 
 
 OK, BAD = True, False
@@ -297,7 +69,7 @@ CASES: Final[list[tuple[dict[str, Any], bool]]] = [
     ({"spec.idleRunners": "5"}, BAD),
     ({"spec.idleRunners": True}, BAD),
     ({"spec.idleRunners": 1.5}, BAD),
-    ({"spec.idleRunners": MISSING}, BAD),
+    ({"spec.idleRunners": DELETE}, BAD),
     ({"spec.idleRunners": INT32_MAX, "spec.maxRunners": INT32_MAX}, OK),
     ({"spec.idleRunners": INT32_MAX + 1, "spec.maxRunners": INT32_MAX}, BAD),
     ({"spec.idleRunners": 0, "spec.maxRunners": 0}, OK),
@@ -333,9 +105,9 @@ CASES: Final[list[tuple[dict[str, Any], bool]]] = [
     ({"spec.claims": "300"}, BAD),
     ({"spec.claims": []}, BAD),
     # runner.image (required, not blank)
-    ({"spec.runner": MISSING}, BAD),
+    ({"spec.runner": DELETE}, BAD),
     ({"spec.runner": "python"}, BAD),
-    ({"spec.runner.image": MISSING}, BAD),
+    ({"spec.runner.image": DELETE}, BAD),
     ({"spec.runner.image": ""}, BAD),
     ({"spec.runner.image": " "}, BAD),
     ({"spec.runner.image": "\t\n"}, BAD),
@@ -482,7 +254,7 @@ CASES: Final[list[tuple[dict[str, Any], bool]]] = [
     ({"spec.schedule": [5]}, BAD),
     ({"spec.schedule": WINDOW}, BAD),
     # the document itself
-    ({"spec": MISSING}, BAD),
+    ({"spec": DELETE}, BAD),
     ({"spec": []}, BAD),
     ({"metadata.name": "java-21.temurin"}, OK),
     ({"metadata.name": "Python"}, BAD),
@@ -519,7 +291,7 @@ def assert_agreement(document: dict[str, Any]) -> bool:
 @pytest.mark.parametrize("case", CASES, ids=[_case_id(case) for case in CASES])
 def test_crd_and_model_agree_on_every_field(case: tuple[dict[str, Any], bool]) -> None:
     changes, valid = case
-    assert assert_agreement(with_fields(changes)) is valid
+    assert assert_agreement(document_with(changes)) is valid
 
 
 def test_every_spec_field_of_the_model_is_in_the_table_and_the_schema() -> None:
@@ -566,14 +338,14 @@ def test_every_spec_field_of_the_model_is_in_the_table_and_the_schema() -> None:
 
 
 def test_defaults_are_the_models() -> None:
-    served = CRD.normalize(base_document())
-    from_model = RunnerPool.parse_document(base_document()).spec.model_dump(
+    served = CRD.normalize(pool_doc())
+    from_model = RunnerPool.parse_document(pool_doc()).spec.model_dump(
         by_alias=True, mode="json", exclude_none=True
     )
     assert served["spec"] == from_model
 
 
-# --- the deliberate differences --------------------------------------------------------
+# --- where Kubernetes and pool files differ on purpose ----------------------------------
 
 
 @pytest.mark.parametrize(
@@ -589,7 +361,7 @@ def test_defaults_are_the_models() -> None:
 def test_unknown_fields_are_pruned_by_the_crd_and_rejected_by_files(
     changes: dict[str, Any],
 ) -> None:
-    document = with_fields(changes)
+    document = document_with(changes)
     assert CRD.accepts(document)
     assert not model_accepts(document)
     served = CRD.normalize(document)
@@ -599,7 +371,7 @@ def test_unknown_fields_are_pruned_by_the_crd_and_rejected_by_files(
 
 def test_unknown_keys_inside_job_template_are_kept() -> None:
     template = {"Meta": {"a": "b"}, "TaskGroups": [{"Tasks": [{"Config": {"x": [1, {}]}}]}]}
-    served = CRD.normalize(with_fields({"spec.nomad.jobTemplate": template}))
+    served = CRD.normalize(document_with({"spec.nomad.jobTemplate": template}))
     assert served["spec"]["nomad"]["jobTemplate"] == template
 
 
@@ -616,7 +388,7 @@ def test_unknown_keys_inside_job_template_are_kept() -> None:
 def test_job_template_is_opaque_to_the_crd_and_checked_by_the_controller(
     template: dict[str, Any],
 ) -> None:
-    document = with_fields({"spec.nomad.jobTemplate": template})
+    document = document_with({"spec.nomad.jobTemplate": template})
     assert CRD.accepts(document)
     assert not model_accepts(document)
 
@@ -637,7 +409,7 @@ def test_job_template_is_opaque_to_the_crd_and_checked_by_the_controller(
 def test_cron_and_time_zone_are_strings_to_the_crd_and_parsed_by_the_controller(
     window: dict[str, Any],
 ) -> None:
-    document = with_fields({"spec.schedule": [window]})
+    document = document_with({"spec.schedule": [window]})
     assert CRD.accepts(document)
     assert not model_accepts(document)
 
@@ -658,11 +430,11 @@ def test_cron_and_time_zone_are_strings_to_the_crd_and_parsed_by_the_controller(
     ],
 )
 def test_null_means_absent_to_the_crd(field: str, expect_file_accepts: bool) -> None:
-    document = with_fields({field: None})
+    document = document_with({field: None})
     assert CRD.accepts(document)
     served = CRD.normalize(document)
     assert RunnerPool.parse_document(served) == RunnerPool.parse_document(
-        with_fields({field: MISSING})
+        document_with({field: DELETE})
     )
     # Files take null only where the contract shows it (optional fields).
     assert model_accepts(document) is expect_file_accepts
@@ -670,13 +442,13 @@ def test_null_means_absent_to_the_crd(field: str, expect_file_accepts: bool) -> 
 
 @pytest.mark.parametrize("field", ["spec.idleRunners", "spec.runner", "spec.runner.image"])
 def test_null_in_a_required_field_is_refused_by_both(field: str) -> None:
-    document = with_fields({field: None})
+    document = document_with({field: None})
     assert not CRD.accepts(document)
     assert not model_accepts(document)
 
 
 def test_a_whole_float_is_served_as_an_integer() -> None:
-    document = with_fields({"spec.idleRunners": 5.0})
+    document = document_with({"spec.idleRunners": 5.0})
     assert CRD.accepts(document)
     assert CRD.normalize(document)["spec"]["idleRunners"] == 5
     assert model_accepts(CRD.normalize(document))
@@ -702,7 +474,7 @@ def test_a_whole_float_is_served_as_an_integer() -> None:
     ],
 )
 def test_immutable_fields(old: dict[str, Any], new: dict[str, Any], allowed: bool) -> None:
-    old_doc, new_doc = with_fields(old), with_fields(new)
+    old_doc, new_doc = document_with(old), document_with(new)
     assert CRD.accepts(new_doc, old=old_doc) is allowed
     assert CRD.accepts(new_doc)  # a create of the same document is fine
     changed = immutable_changes(
@@ -715,8 +487,8 @@ def test_immutable_fields(old: dict[str, Any], new: dict[str, Any], allowed: boo
 def test_explicit_prefix_equal_to_the_derived_one_is_still_a_change_to_the_crd() -> None:
     """CEL cannot see the derived prefix, so the CRD is stricter than the file reload:
     setting ``jobPrefix`` to exactly the derived value is refused in Kubernetes."""
-    old_doc = base_document()
-    new_doc = with_fields({"spec.nomad.jobPrefix": "python-312-"})
+    old_doc = pool_doc()
+    new_doc = document_with({"spec.nomad.jobPrefix": "python-312-"})
     assert not CRD.accepts(new_doc, old=old_doc)
     assert (
         immutable_changes(RunnerPool.parse_document(old_doc), RunnerPool.parse_document(new_doc))
@@ -821,7 +593,7 @@ def field_changes(draw: Callable[[st.SearchStrategy[Any]], Any]) -> dict[str, An
 )
 @given(field_changes())
 def test_generated_documents_agree(changes: dict[str, Any]) -> None:
-    assert_agreement(with_fields(changes))
+    assert_agreement(document_with(changes))
 
 
 @settings(max_examples=150, deadline=None)
@@ -835,7 +607,7 @@ def test_generated_documents_as_served_agree(
 ) -> None:
     """With unknown fields and nulls mixed in, the CRD accepts exactly what the model
     accepts once Kubernetes has pruned and defaulted it (what the operator is served)."""
-    document = with_fields({**changes, **unknown, null_field: None})
+    document = document_with({**changes, **unknown, null_field: None})
     crd_ok = CRD.accepts(document)
     assert model_accepts(CRD.normalize(document)) is crd_ok
 
@@ -856,8 +628,8 @@ def test_generated_updates_agree_on_immutability(
 ) -> None:
     """An update is refused by the CEL transition rules exactly when the file reload would
     refuse it, except for writing out the derived prefix explicitly (stricter in the CRD)."""
-    old_doc = with_fields({"spec.nomad": old_nomad})
-    new_doc = with_fields({"spec.nomad": new_nomad, "spec.idleRunners": idle})
+    old_doc = document_with({"spec.nomad": old_nomad})
+    new_doc = document_with({"spec.nomad": new_nomad, "spec.idleRunners": idle})
     changed = immutable_changes(
         RunnerPool.parse_document(old_doc), RunnerPool.parse_document(new_doc)
     )
@@ -911,7 +683,7 @@ def test_resource_definition() -> None:
 
 
 def test_status_accepts_a_controller_written_status() -> None:
-    document = base_document()
+    document = pool_doc()
     document["status"] = {
         "idleRunners": 1,
         "startingRunners": 0,

@@ -32,6 +32,7 @@ def decode(raw: bytes) -> Any:
     return asyncio.run(decode_json(raw))
 
 
+@pytest.mark.slow
 @settings(max_examples=300)
 @given(st.lists(values, max_size=20), st.sampled_from([None, 0, 2]), st.sampled_from(["", " \n"]))
 @pytest.mark.usefixtures("small_threshold")

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -50,7 +51,7 @@ from controller.engine.apply import Applier
 from controller.engine.registry import ManagedPool
 from controller.metrics import Metrics
 from controller.nomad.errors import NomadConflict
-from tests.unit.test_classify import NOW
+from tests.support.builders import NOW
 
 T = TypeVar("T")
 PREFIX = "py-"
@@ -420,6 +421,7 @@ FAULTS = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     sizes=st.integers(1, 8).flatmap(lambda m: st.tuples(st.just(m), st.integers(0, m))),

@@ -20,22 +20,20 @@ from controller.core.runner_ids import (
 )
 from controller.model import RunnerPool
 from controller.nomad.jobs import merge_objects, port_label, render_job, runner_job, template_hash
+from tests.support.documents import IMAGE, pool_doc
 
 
 def make_pool(
     runner: dict[str, Any] | None = None, nomad: dict[str, Any] | None = None, name: str = "py"
 ) -> RunnerPool:
     return RunnerPool.parse_document(
-        {
-            "apiVersion": "poolkeeper.dev/v1alpha1",
-            "kind": "RunnerPool",
-            "metadata": {"name": name},
-            "spec": {
-                "idleRunners": 1,
-                "runner": {"image": "python:3.12-slim", **(runner or {})},
-                "nomad": nomad or {},
-            },
-        }
+        pool_doc(
+            name,
+            idle=1,
+            namespace=None,
+            runner={"image": IMAGE, **(runner or {})},
+            nomad=nomad or {},
+        )
     )
 
 

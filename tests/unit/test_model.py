@@ -1,4 +1,4 @@
-"""RunnerPool validation, defaults, prefixes and error paths."""
+"""RunnerPool documents: validation, defaults, job prefixes and the paths of errors."""
 
 from __future__ import annotations
 
@@ -24,28 +24,12 @@ from controller.model import (
     job_template_problems,
     validation_errors,
 )
-
-_DELETE = object()
+from tests.support.documents import DELETE, pool_doc, with_fields
 
 
 def document(**changes: Any) -> dict[str, Any]:
-    """A valid minimal document with ``changes`` applied ("spec.runner.image" = value)."""
-    doc: dict[str, Any] = {
-        "apiVersion": "poolkeeper.dev/v1alpha1",
-        "kind": "RunnerPool",
-        "metadata": {"name": "python-312"},
-        "spec": {"idleRunners": 2, "runner": {"image": "python:3.12-slim"}},
-    }
-    for dotted, value in changes.items():
-        *parents, leaf = dotted.split(".")
-        node = doc
-        for part in parents:
-            node = node.setdefault(part, {})
-        if value is _DELETE:
-            del node[leaf]
-        else:
-            node[leaf] = value
-    return doc
+    """A valid minimal document without a namespace, ``changes`` applied (``with_fields``)."""
+    return with_fields(pool_doc(namespace=None), changes)
 
 
 def errors_of(doc: dict[str, Any]) -> list[FieldError]:
@@ -123,7 +107,7 @@ def test_python_construction_by_attribute_name() -> None:
 
 def test_documents_accept_only_camel_case() -> None:
     # A file must be rejected where the CRD would prune: snake_case is not the document's.
-    doc = document(**{"spec.idle_runners": 2, "spec.idleRunners": _DELETE})
+    doc = document(**{"spec.idle_runners": 2, "spec.idleRunners": DELETE})
     errors = errors_of(doc)
     assert FieldError("spec.idleRunners", "field required") in errors
     assert FieldError("spec.idle_runners", "unknown field") in errors
@@ -150,7 +134,7 @@ def test_kubernetes_metadata_and_status_are_ignored() -> None:
 
 
 def test_api_version_and_kind_are_required_in_documents() -> None:
-    doc = document(**{"apiVersion": _DELETE, "kind": _DELETE})
+    doc = document(**{"apiVersion": DELETE, "kind": DELETE})
     assert paths_of(doc) == ["apiVersion", "kind"]
 
 
@@ -189,7 +173,7 @@ INVALID = [
     ("spec.idleRunners", "5", "spec.idleRunners"),
     ("spec.idleRunners", True, "spec.idleRunners"),
     ("spec.idleRunners", 2.5, "spec.idleRunners"),
-    ("spec.idleRunners", _DELETE, "spec.idleRunners"),
+    ("spec.idleRunners", DELETE, "spec.idleRunners"),
     ("spec.idleRunners", 101, "spec.idleRunners"),  # above the default maxRunners
     ("spec.maxRunners", -1, "spec.maxRunners"),
     ("spec.maxRunners", 1, "spec.idleRunners"),  # idle 2 > max 1
@@ -204,8 +188,8 @@ INVALID = [
     ("spec.claims.maxInactivityTimeoutSeconds", -5, "spec.claims.maxInactivityTimeoutSeconds"),
     ("spec.claims.maxInactivityTimeoutSeconds", 299, "spec.claims.defaultInactivityTimeoutSeconds"),
     ("spec.claims.extra", 1, "spec.claims.extra"),
-    ("spec.runner", _DELETE, "spec.runner"),
-    ("spec.runner.image", _DELETE, "spec.runner.image"),
+    ("spec.runner", DELETE, "spec.runner"),
+    ("spec.runner.image", DELETE, "spec.runner.image"),
     ("spec.runner.image", "", "spec.runner.image"),
     ("spec.runner.image", "  ", "spec.runner.image"),
     ("spec.runner.image", 3, "spec.runner.image"),
@@ -242,7 +226,7 @@ INVALID = [
     ("unknownTop", 1, "unknownTop"),
     ("apiVersion", "poolkeeper.dev/v1", "apiVersion"),
     ("kind", "Pool", "kind"),
-    ("metadata.name", _DELETE, "metadata.name"),
+    ("metadata.name", DELETE, "metadata.name"),
     ("metadata.name", "Python", "metadata.name"),
     ("metadata.name", "python_3", "metadata.name"),
     ("metadata.name", "-python", "metadata.name"),
@@ -278,7 +262,7 @@ def test_ports_with_bridge_must_be_in_range_and_unique() -> None:
 
 
 def test_messages_are_readable() -> None:
-    errors = errors_of(document(**{"spec.runner.image": _DELETE, "spec.maxRunners": -1}))
+    errors = errors_of(document(**{"spec.runner.image": DELETE, "spec.maxRunners": -1}))
     assert [str(e) for e in errors] == [
         "spec.maxRunners: input should be greater than or equal to 0",
         "spec.runner.image: field required",

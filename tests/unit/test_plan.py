@@ -12,7 +12,7 @@ from controller.core.claims import TOMBSTONE_RETENTION, ClaimRecord, ClaimState
 from controller.core.classify import classify
 from controller.core.plan import DestroyReason, Plan, plan
 from controller.core.views import AllocationView, JobView, PoolMode, PoolPolicy, Runner, RunnerState
-from tests.unit.test_classify import NOW, POLICY, alloc, claim, job, observe, rid
+from tests.support.builders import NOW, POLICY, alloc, claim, job, observe, rid
 
 
 @dataclass

@@ -10,7 +10,7 @@ import pytest
 from controller.core.classify import classify
 from controller.core.plan import DestroyReason, Plan, plan
 from controller.core.views import AllocationView, JobView, PoolObservation, PoolPolicy
-from tests.unit.test_classify import NOW, POLICY, alloc, job, observe, rid
+from tests.support.builders import NOW, POLICY, alloc, job, observe, rid
 
 DRAINING = "node-drains"
 

@@ -1,4 +1,6 @@
-"""Pool files (loading, error reports) and the reload rules."""
+"""Pool files (loading, error reports) and the reload rules: pools are added, updated and
+removed in document order, an invalid document keeps its pool's last valid version, an
+immutable change is refused, and an error no pool can be named by removes nothing."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from controller.sources.files import (
     load_pools,
 )
 from controller.sources.reload import reload
+from tests.support.documents import pool_doc
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "pools.yaml"
 
@@ -160,16 +163,9 @@ def test_unreadable_bytes_are_reported(tmp_path: Path) -> None:
 
 
 def parse(name: str, **spec: Any) -> RunnerPool:
-    base: dict[str, Any] = {"idleRunners": 2, "runner": {"image": "python:3.12"}}
-    base.update(spec)
-    return RunnerPool.parse_document(
-        {
-            "apiVersion": "poolkeeper.dev/v1alpha1",
-            "kind": "RunnerPool",
-            "metadata": {"name": name},
-            "spec": base,
-        }
-    )
+    """The pool ``pool_yaml(name)`` describes, with ``spec`` over it."""
+    spec.setdefault("runner", {"image": "python:3.12"})
+    return RunnerPool.parse_document(pool_doc(name, namespace=None, **spec))
 
 
 def previous_of(*pools: RunnerPool) -> dict[str, RunnerPool]:

@@ -1,10 +1,9 @@
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 from controller.core.claims import ClaimRecord, ClaimState
 from controller.core.requests import REQUEST_GRACE, abandoned_requests
 from controller.core.times import to_ns
-
-NOW = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
+from tests.support.builders import NOW
 
 
 def meta(request_id: str, age: timedelta) -> dict[str, object]:

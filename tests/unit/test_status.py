@@ -19,7 +19,7 @@ from controller.core.status import (
     status_changed,
 )
 from controller.core.views import PoolMode, PoolPolicy, Runner
-from tests.unit.test_classify import NOW, POLICY, alloc, claim, job, observe, rid
+from tests.support.builders import NOW, POLICY, alloc, claim, job, observe, rid
 
 LATER = NOW + timedelta(seconds=30)
 
