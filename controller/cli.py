@@ -60,6 +60,14 @@ def _controller_options(command: argparse.ArgumentParser, listen: str) -> None:
         help="TTL of the pools' leases in Nomad (>= 10, Nomad's minimum); a dead holder's "
         "pools are taken over within about 2 x TTL + 8 s (10)",
     )
+    command.add_argument(
+        "--tls-cert", metavar="FILE", help="serve the API over HTTPS with this certificate (PEM)"
+    )
+    command.add_argument(
+        "--tls-key",
+        metavar="FILE",
+        help="the certificate's private key; both are read again on SIGHUP and when they change",
+    )
     auth = command.add_mutually_exclusive_group()
     auth.add_argument(
         "--api-token-file",

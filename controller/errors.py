@@ -33,6 +33,7 @@ class ErrorCode(StrEnum):
 
     INVALID_REQUEST = ("InvalidRequest", 400)
     UNAUTHORIZED = ("Unauthorized", 401)
+    FORBIDDEN = ("Forbidden", 403)
     POOL_NOT_FOUND = ("PoolNotFound", 404)
     RUNNER_NOT_FOUND = ("RunnerNotFound", 404)
     NOT_FOUND = ("NotFound", 404)

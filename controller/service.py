@@ -9,6 +9,7 @@ import functools
 import logging
 import os
 import socket
+import ssl
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +18,13 @@ from pathlib import Path
 from aiohttp import web
 
 from controller.api.app import create_app
-from controller.api.auth import TokenSet, read_token_file
+from controller.api.auth import (
+    Token,
+    TokenFileError,
+    TokenSet,
+    parse_token_lines,
+    read_token_file,
+)
 from controller.claims.service import ClaimService
 from controller.core.events import EventSink, PoolEvent
 from controller.core.leases import DEFAULT_TTL_SECONDS, MIN_TTL_SECONDS
@@ -83,18 +90,83 @@ class ServiceSettings:
     reconcile: bool = True
     prune: bool = False
     lease_ttl_seconds: float = DEFAULT_TTL_SECONDS
+    tls_cert: Path | None = None  # serve the API over HTTPS with this certificate
+    tls_key: Path | None = None
 
 
-def read_api_tokens(token_file: Path | None) -> list[str]:
-    """Tokens from the file (one per line) and POOLKEEPER_API_TOKENS; none is an error."""
-    tokens: list[str] = []
-    if token_file is not None:
-        try:
+def tls_files(cert: str | None, key: str | None) -> tuple[Path | None, Path | None]:
+    """--tls-cert and --tls-key, which go together."""
+    if bool(cert) != bool(key):
+        raise UsageError("--tls-cert and --tls-key must be given together")
+    return (Path(cert), Path(key)) if cert and key else (None, None)
+
+
+def server_tls(cert: Path, key: Path, context: ssl.SSLContext | None = None) -> ssl.SSLContext:
+    """A server TLS context with this certificate; loaded into `context` when given, so a
+    listener serving it hands the new certificate to new connections."""
+    context = context or ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as error:
+        raise UsageError(f"--tls-cert {cert} / --tls-key {key}: {error}") from None
+    return context
+
+
+class FileWatch:
+    """Notices when files change (size, modification time, or the file behind a link, as
+    when Kubernetes rotates a mounted Secret), checked every POLL_SECONDS."""
+
+    POLL_SECONDS = 5.0
+
+    def __init__(self, paths: list[Path], on_change: Callable[[], None]) -> None:
+        self._paths = paths
+        self._on_change = on_change
+        self._seen = self._stamp()
+        self._task: asyncio.Task[None] | None = None
+
+    def _stamp(self) -> list[tuple[int, int, int] | None]:
+        stamps: list[tuple[int, int, int] | None] = []
+        for path in self._paths:
+            try:
+                status = path.stat()
+            except OSError:
+                stamps.append(None)
+            else:
+                stamps.append((status.st_ino, status.st_size, status.st_mtime_ns))
+        return stamps
+
+    def start(self) -> None:
+        if self._paths and self._task is None:
+            self._task = asyncio.create_task(self._follow(), name="file watch")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _follow(self) -> None:
+        while True:
+            await asyncio.sleep(self.POLL_SECONDS)
+            stamp = self._stamp()
+            if stamp != self._seen:
+                self._seen = stamp
+                self._on_change()
+
+
+def read_api_tokens(token_file: Path | None) -> list[Token]:
+    """Tokens (with their scopes) from the file and POOLKEEPER_API_TOKENS, a line each;
+    none is an error."""
+    tokens: list[Token] = []
+    try:
+        if token_file is not None:
             tokens += read_token_file(token_file)
-        except OSError as error:
-            raise UsageError(f"--api-token-file {token_file}: {error.strerror}") from None
-    env = os.environ.get("POOLKEEPER_API_TOKENS", "")
-    tokens += [t.strip() for t in env.replace(",", "\n").splitlines() if t.strip()]
+        env = os.environ.get("POOLKEEPER_API_TOKENS", "")
+        tokens += parse_token_lines(env, "POOLKEEPER_API_TOKENS")
+    except OSError as error:
+        raise UsageError(f"--api-token-file {token_file}: {error.strerror}") from None
+    except TokenFileError as error:
+        raise UsageError(str(error)) from None
     if not tokens:
         raise UsageError(
             "no API token: give --api-token-file or POOLKEEPER_API_TOKENS, or --insecure-no-auth"
@@ -141,6 +213,9 @@ class Service:
         )
         self.watchers: dict[str, EventWatcher] = {}
         self._runner: web.AppRunner | None = None
+        self._tls: ssl.SSLContext | None = None
+        watched = [p for p in (settings.token_file, settings.tls_cert, settings.tls_key) if p]
+        self._file_watch = FileWatch(watched, self.reload_files)
         self.url = ""
 
     def identity(self) -> str:
@@ -156,14 +231,22 @@ class Service:
         )
         await self._runner.setup()
         host, port = self.service_settings.listen
+        cert, key = self.service_settings.tls_cert, self.service_settings.tls_key
         try:
-            await web.TCPSite(self._runner, host, port).start()
+            self._tls = server_tls(cert, key) if cert and key else None
+            await web.TCPSite(self._runner, host, port, ssl_context=self._tls).start()
         except OSError as error:
             await self._runner.cleanup()
             self._runner = None
             reason = os.strerror(error.errno) if error.errno else str(error)
             raise UsageError(f"--listen {host}:{port}: {reason}") from None
-        self.url = f"http://{host}:{self._runner.addresses[0][1]}"
+        except UsageError:
+            await self._runner.cleanup()
+            self._runner = None
+            raise
+        scheme = "https" if self._tls is not None else "http"
+        self.url = f"{scheme}://{host}:{self._runner.addresses[0][1]}"
+        self._file_watch.start()
         log.info("poolkeeper listening on %s", self.url)
         if not self.tokens.enabled:
             log.warning(
@@ -187,12 +270,25 @@ class Service:
                 self.sync_watchers()
                 return
 
-    def reload_tokens(self) -> None:
+    def reload_files(self) -> None:
+        """The token file and the TLS certificate read again (SIGHUP, or when they change
+        on disk: a rotated Kubernetes Secret); what cannot be read keeps the previous."""
         if self.tokens.enabled:
             try:
                 self.tokens.replace(read_api_tokens(self.service_settings.token_file))
             except UsageError as error:
                 log.error("keeping the previous API tokens: %s", error)
+            else:
+                log.info("API tokens read again")
+        cert, key = self.service_settings.tls_cert, self.service_settings.tls_key
+        if self._tls is not None and cert and key:
+            try:
+                server_tls(cert, key)  # a fresh context first: a bad pair leaves ours alone
+                server_tls(cert, key, self._tls)
+            except UsageError as error:
+                log.error("keeping the previous TLS certificate: %s", error)
+            else:
+                log.info("TLS certificate read again")
 
     def sync_watchers(self) -> None:
         """One event-stream watcher per Nomad namespace the engine reconciles."""
@@ -216,6 +312,7 @@ class Service:
 
     async def close(self) -> None:
         """Stop everything; never destroys runners (Nomad keeps them)."""
+        await self._file_watch.stop()
         await self.stop_watchers()
         await self.engine.stop()
         await self.claims.drain()

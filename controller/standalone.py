@@ -22,6 +22,7 @@ from controller.service import (
     nomad_config_from_env,
     parse_listen,
     start_logging,
+    tls_files,
 )
 from controller.sources.files import ConfigError as PoolPathError
 from controller.sources.files import load_pools
@@ -107,12 +108,13 @@ class Controller(Service):
     def reload(self) -> None:
         """SIGHUP: pools and API tokens are read again."""
         self.load_pools()
-        self.reload_tokens()
+        self.reload_files()
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     if args.resync_seconds <= 0:
         raise UsageError(f"--resync-seconds {args.resync_seconds} must be positive")
+    tls_cert, tls_key = tls_files(args.tls_cert, args.tls_key)
     path = Path(args.pools)
     if not path.exists():
         raise UsageError(f"--pools {args.pools}: no such file or folder")
@@ -126,6 +128,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         prune=args.prune,
         allow_empty=args.allow_empty,
         lease_ttl_seconds=lease_ttl(args.lease_ttl_seconds),
+        tls_cert=tls_cert,
+        tls_key=tls_key,
     )
 
 

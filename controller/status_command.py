@@ -11,9 +11,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from controller.errors import EXIT_FAILURE, EXIT_OK, UsageError
 
@@ -109,18 +110,34 @@ def render(base_url: str, token: str | None) -> Group:
     return Group(pools_table(pools), claims)
 
 
+def with_error(last: Group | None, error: StatusError) -> Group:
+    """What --watch shows after a failed read: the last table it could read, and why."""
+    parts: list[RenderableType] = [last] if last is not None else []
+    parts.append(Text(f"{time.strftime('%H:%M:%S')} {error}; retrying", style="red"))
+    return Group(*parts)
+
+
 def main(args: argparse.Namespace) -> int:
     token = _token(args)
     base_url = args.url.rstrip("/")
     console = Console()
-    try:
-        if not args.watch:
+    if not args.watch:
+        try:
             console.print(render(base_url, token))
-            return EXIT_OK
-        with Live(render(base_url, token), console=console, refresh_per_second=1) as live:
+        except StatusError as error:
+            console.print(f"poolkeeper status: {error}", style="red")
+            return EXIT_FAILURE
+        return EXIT_OK
+    last: Group | None = None
+    with Live(Text("reading the controller..."), console=console, refresh_per_second=1) as live:
+        try:
             while True:
+                try:
+                    last = render(base_url, token)
+                    live.update(last)
+                except StatusError as error:
+                    # A controller restarting or a Nomad blip: keep watching, say why.
+                    live.update(with_error(last, error))
                 time.sleep(WATCH_SECONDS)
-                live.update(render(base_url, token))
-    except StatusError as error:
-        console.print(f"poolkeeper status: {error}", style="red")
-        return EXIT_FAILURE
+        except KeyboardInterrupt:
+            return EXIT_OK

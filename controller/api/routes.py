@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel
 
+from controller.api.auth import EVERY_POOL, Scope, scope
 from controller.api.bodies import read_body
 from controller.api.models import (
     Claim,
@@ -53,47 +54,61 @@ class Route:
 # ---- handlers ----------------------------------------------------------------------------
 
 
+def pool_in_scope(request: web.Request) -> tuple[str, str]:
+    """The route's pool, which the request's token must cover (403 otherwise)."""
+    namespace, name = request.match_info["namespace"], request.match_info["name"]
+    scope(request).require(f"{namespace}/{name}")
+    return namespace, name
+
+
+def runner_in_scope(request: web.Request) -> str:
+    """The route's runner, whose pool the request's token must cover (403 otherwise)."""
+    runner_id = request.match_info["runnerId"]
+    scope(request).require(request.app[CLAIMS_KEY].pool_of_runner(runner_id).key)
+    return runner_id
+
+
 async def claim(request: web.Request) -> web.Response:
+    namespace, name = pool_in_scope(request)
     body = await read_body(request, ClaimBody)
-    view, created = await request.app[CLAIMS_KEY].claim(
-        request.match_info["namespace"], request.match_info["name"], body.to_request()
-    )
+    view, created = await request.app[CLAIMS_KEY].claim(namespace, name, body.to_request())
     return web.json_response(view, status=201 if created else 200)
 
 
 async def claim_from_pools(request: web.Request) -> web.Response:
     body = await read_body(request, PoolsClaimBody)
+    for key in body.pools:
+        scope(request).require(key)
     view, created = await request.app[CLAIMS_KEY].claim_from(body.pools, body.to_request())
     return web.json_response(view, status=201 if created else 200)
 
 
 async def list_claims(request: web.Request) -> web.Response:
-    claims = await request.app[CLAIMS_KEY].pool_claims(
-        request.match_info["namespace"], request.match_info["name"]
-    )
+    claims = await request.app[CLAIMS_KEY].pool_claims(*pool_in_scope(request))
     return web.json_response({"claims": claims})
 
 
 async def get_runner(request: web.Request) -> web.Response:
-    return web.json_response(await request.app[CLAIMS_KEY].get(request.match_info["runnerId"]))
+    return web.json_response(await request.app[CLAIMS_KEY].get(runner_in_scope(request)))
 
 
 async def keepalive(request: web.Request) -> web.Response:
-    view = await request.app[CLAIMS_KEY].keepalive(request.match_info["runnerId"])
+    view = await request.app[CLAIMS_KEY].keepalive(runner_in_scope(request))
     return web.json_response(view)
 
 
 async def release(request: web.Request) -> web.Response:
-    await request.app[CLAIMS_KEY].release(request.match_info["runnerId"])
+    await request.app[CLAIMS_KEY].release(runner_in_scope(request))
     return web.Response(status=204)
 
 
-def pool_summaries(engine: Engine) -> list[dict[str, Any]]:
-    """The pools as `GET /v1/pools` shows them (also the demo's table)."""
+def pool_summaries(engine: Engine, visible: Scope = EVERY_POOL) -> list[dict[str, Any]]:
+    """The pools as `GET /v1/pools` shows them, those in `visible` (also the demo's
+    table)."""
     pools = []
-    for view in engine.pools.values():
-        if not view.active:
-            continue  # removed from the files; only its runners are still being destroyed
+    for view in sorted(engine.pools.values(), key=lambda v: v.key):
+        if not view.active or not visible.allows(view.key):
+            continue  # removed from the files (only its runners are being destroyed), or hidden
         namespace, name = view.key.split("/", 1)
         pools.append(
             {
@@ -110,7 +125,7 @@ def pool_summaries(engine: Engine) -> list[dict[str, Any]]:
 
 
 async def list_pools(request: web.Request) -> web.Response:
-    return web.json_response({"pools": pool_summaries(request.app[ENGINE_KEY])})
+    return web.json_response({"pools": pool_summaries(request.app[ENGINE_KEY], scope(request))})
 
 
 async def healthz(_: web.Request) -> web.Response:

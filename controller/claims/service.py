@@ -181,6 +181,11 @@ class ClaimService:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 names = ", ".join(view.key for view in views)
+                if not any(view.observed for view in views):
+                    # Not "empty": this process has not read the pools from Nomad yet.
+                    raise ServiceError(
+                        ErrorCode.NOMAD_UNAVAILABLE, f"not read from Nomad yet: {names}"
+                    )
                 wanted = "an idle runner" if count == 1 else f"{count} idle runners"
                 raise ServiceError(ErrorCode.POOL_EMPTY, f"no pool has {wanted}: {names}")
             await self._wait_for_any(views, remaining)
@@ -409,7 +414,9 @@ class ClaimService:
 
     # ---- runner routes -------------------------------------------------------------------
 
-    def _pool_of_runner(self, runner_id: str) -> PoolView:
+    def pool_of_runner(self, runner_id: str) -> PoolView:
+        """The pool a runner ID belongs to (by its job prefix), before anything is read;
+        404 RunnerNotFound for an ID no known pool has."""
         if not RUNNER_ID_PATTERN.match(runner_id):
             raise ServiceError(ErrorCode.RUNNER_NOT_FOUND, f"runner {runner_id[:80]} is not known")
         view = self.engine.pool_for_runner(runner_id)
@@ -426,7 +433,7 @@ class ClaimService:
             ) from None
 
     async def _read_claim(self, runner_id: str) -> tuple[PoolView, ClaimRecord]:
-        view = self._pool_of_runner(runner_id)
+        view = self.pool_of_runner(runner_id)
         try:
             record = await self._read(runner_id, view.policy.nomad_namespace)
         except NomadError as error:

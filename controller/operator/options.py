@@ -17,6 +17,7 @@ from controller.service import (
     ServiceSettings,
     lease_ttl,
     parse_listen,
+    tls_files,
 )
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class OperatorOptions(ServiceSettings):
 def options_from_args(args: argparse.Namespace) -> OperatorOptions:
     if args.resync_seconds <= 0:
         raise UsageError(f"--resync-seconds {args.resync_seconds} must be positive")
+    tls_cert, tls_key = tls_files(args.tls_cert, args.tls_key)
     priority = args.priority
     if priority is None:
         # kopf pauses every replica when two share a priority: draw from a wide range.
@@ -68,6 +70,8 @@ def options_from_args(args: argparse.Namespace) -> OperatorOptions:
         priority=priority,
         liveness=args.liveness,
         lease_ttl_seconds=lease_ttl(args.lease_ttl_seconds),
+        tls_cert=tls_cert,
+        tls_key=tls_key,
     )
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import ssl
-import subprocess
 from pathlib import Path
 
 import aiohttp
@@ -13,37 +12,11 @@ import pytest
 from controller.cli import build_parser
 from controller.lab.simulator import Simulator, start_sim
 from controller.lab.simulator.command import main
-
-
-def _self_signed(folder: Path) -> tuple[Path, Path]:
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return cert, key
+from tests.support.tls import self_signed
 
 
 async def test_tls_server_verifies_with_its_ca(tmp_path: Path) -> None:
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_ctx.load_cert_chain(cert, key)
     server = await start_sim(Simulator(nodes=["n"]), ssl_context=server_ctx)
