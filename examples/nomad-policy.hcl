@@ -6,12 +6,19 @@
 # Give one namespace block to each namespace the pools run in ("default" here). The
 # controller also asks GET /v1/status/leader, which needs no capability.
 
+# GET /v1/nodes and GET /v1/node/:id: which nodes drain or take no placements, so that
+# idle runners on them are replaced before Nomad moves them.
+node {
+  policy = "read"
+}
+
 namespace "default" {
   capabilities = [
     # GET /v1/jobs?meta=true: the pools' runner jobs and their Meta.
     "list-jobs",
     # GET /v1/allocations: the runners' allocations; GET /v1/event/stream with the
-    # Job and Allocation topics: what changed since the last look.
+    # Job and Allocation topics: what changed since the last look; GET
+    # /v1/job/:id/evaluations: why a runner could not be placed.
     "read-job",
     # POST /v1/jobs (with EnforceIndex) registers runner jobs;
     # DELETE /v1/job/:id?purge=true purges them.

@@ -58,6 +58,24 @@ _NO_LEADER = "No cluster leader"
 _BODY_LIMIT = 500
 
 
+# What each call needs in Nomad's ACL policies, for a 403 to name it (lock operations are
+# writes of the variable).
+_VARIABLES = "on the poolkeeper/* variables of the namespace"
+NEEDED_CAPABILITY = {
+    "GET /v1/jobs": "the list-jobs capability",
+    "POST /v1/jobs": "the submit-job capability",
+    "DELETE /v1/job/:id": "the submit-job capability",
+    "GET /v1/job/:id/evaluations": "the read-job capability",
+    "GET /v1/allocations": "the read-job capability",
+    "GET /v1/nodes": 'node { policy = "read" }',
+    "GET /v1/node/:id": 'node { policy = "read" }',
+    "GET /v1/vars": f"list {_VARIABLES}",
+    "GET /v1/var/:path": f"read {_VARIABLES}",
+    "PUT /v1/var/:path": f"write {_VARIABLES}",
+    "DELETE /v1/var/:path": f"destroy {_VARIABLES}",
+}
+
+
 class _Retry(Enum):
     ALWAYS = "always"  # reads and idempotent writes
     IF_NOT_APPLIED = "if-not-applied"  # other writes
@@ -551,6 +569,9 @@ class NomadClient:
         elif status == 400:
             error = NomadBadRequest(message, status=status)
         elif status == 403:
+            needs = NEEDED_CAPABILITY.get(where.split("?")[0])
+            if needs:
+                message += f" (the Nomad token needs {needs}: see examples/nomad-policy.hcl)"
             error = NomadPermissionDenied(message, status=status)
         elif status == 404:
             error = NomadNotFound(message, status=status)

@@ -199,6 +199,8 @@ POOLKEEPER_CALLS: list[tuple[str | None, str, str, Any, dict[str, str]]] = [
         {"Job": service_job("runner-1"), "EnforceIndex": True, "JobModifyIndex": 0},
         {"namespace": "default"},
     ),
+    ("read-job", "GET", "/v1/job/runner-1/evaluations", None, {"namespace": "default"}),
+    ("node", "GET", "/v1/nodes", None, {}),
     (
         "submit-job",
         "DELETE",
@@ -237,19 +239,22 @@ async def test_every_poolkeeper_call_is_allowed_by_the_example_policy(
     assert all(s == 200 for s in statuses.values()), sorted(statuses.items())
     status, text = await _call(client, secret, "GET", LEASE, namespace="default")
     assert status == 200 and '"Lock"' not in text  # only management tokens see locks
-    status, _ = await _call(client, secret, "GET", "/v1/nodes")
-    assert status == 403  # and nothing else: the controller never reads nodes
+    status, _ = await _call(client, secret, "PUT", "/v1/node/x/eligibility", {})
+    assert status == 403  # reading nodes, never changing them
 
 
 @pytest.mark.parametrize(
-    "capability", ["list-jobs", "read-job", "submit-job", "read", "list", "write", "destroy"]
+    "capability",
+    ["list-jobs", "read-job", "submit-job", "read", "list", "write", "destroy", "node"],
 )
 async def test_a_token_lacking_one_capability_is_refused_exactly_where_it_is_needed(
     acl_sim: tuple[Client, str], capability: str
 ) -> None:
     client, management = acl_sim
     rules = EXAMPLE.read_text()
-    if capability in ("read", "list", "write", "destroy"):
+    if capability == "node":
+        lacking = rules.replace('node {\n  policy = "read"\n}\n', "")
+    elif capability in ("read", "list", "write", "destroy"):
         caps = '["read", "list", "write", "destroy"]'
         without = caps.replace(f'"{capability}", ', "").replace(f', "{capability}"', "")
         lacking = rules.replace(caps, without)

@@ -1,0 +1,94 @@
+"""The controller on a Nomad with ACLs, with a token of exactly examples/nomad-policy.hcl:
+everything works; without one capability, the log names what is missing."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from controller.claims.service import ClaimRequest
+from controller.lab.simulator import SimServer, Simulator, start_sim
+from controller.nomad.config import NomadConfig
+from controller.standalone import Controller, Settings
+from tests.support.documents import pool_doc
+from tests.support.waiting import wait_until
+
+from .conftest import write_pools
+
+POLICY = Path(__file__).resolve().parents[2] / "examples" / "nomad-policy.hcl"
+
+
+@pytest.fixture
+async def acl_server() -> AsyncIterator[tuple[Simulator, SimServer]]:
+    sim = Simulator(seed=3, start_delay=0.05, acl_enabled=True)
+    server = await start_sim(sim, host="127.0.0.1", port=0)
+    yield sim, server
+    await server.stop()
+
+
+def token_with(sim: Simulator, rules: str) -> str:
+    sim.bootstrap()
+    sim.put_policy("poolkeeper", {"Name": "poolkeeper", "Rules": rules})
+    token = sim.create_token({"Name": "poolkeeper", "Type": "client", "Policies": ["poolkeeper"]})
+    return str(token["SecretID"])
+
+
+async def controller_with(server: SimServer, token: str, tmp_path: Path) -> Controller:
+    settings = Settings(
+        pools_path=write_pools(tmp_path / "p.yaml", pool_doc("py", idle=2)),
+        listen=("127.0.0.1", 0),
+        insecure_no_auth=True,
+        resync_seconds=0.5,
+    )
+    nomad = NomadConfig.from_env({"NOMAD_ADDR": server.url, "NOMAD_TOKEN": token})
+    controller = Controller(settings, nomad)
+    await controller.start()
+    return controller
+
+
+async def test_the_controller_works_with_a_token_of_exactly_the_example_policy(
+    acl_server: tuple[Simulator, SimServer], tmp_path: Path
+) -> None:
+    sim, server = acl_server
+    controller = await controller_with(server, token_with(sim, POLICY.read_text()), tmp_path)
+    try:
+
+        async def full() -> bool:
+            view = controller.engine.pools["default/py"]
+            return bool(view.status and view.status.counts.idle == 2 and view.lease)
+
+        await wait_until(full, what="two idle runners under the example policy")
+        assert controller.engine.pools["default/py"].lease.held  # type: ignore[union-attr]
+        claim = await controller.claims.claim("default", "py", ClaimRequest())
+        await controller.claims.release(claim[0]["runnerId"])
+        await wait_until(full, what="the released runner replaced")
+        errors = controller.metrics.registry.get_sample_value(
+            "poolkeeper_nomad_requests_total", {"endpoint": "/v1/jobs", "code": "403"}
+        )
+        assert errors is None  # nothing was refused
+    finally:
+        await controller.stop()
+
+
+async def test_a_token_lacking_a_capability_is_named_in_the_log(
+    acl_server: tuple[Simulator, SimServer], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    sim, server = acl_server
+    lacking = POLICY.read_text().replace('"submit-job",', "")
+    controller = await controller_with(server, token_with(sim, lacking), tmp_path)
+    try:
+        with caplog.at_level(logging.WARNING):
+
+            async def named() -> bool:
+                return any(
+                    "POST /v1/jobs: 403" in m and "needs the submit-job capability" in m
+                    for m in caplog.messages
+                )
+
+            await wait_until(named, what="the missing capability to be named")
+        assert sim.job_list("*") == []
+    finally:
+        await controller.stop()
