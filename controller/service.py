@@ -17,6 +17,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from controller import __version__
 from controller.api.app import create_app
 from controller.api.auth import (
     Token,
@@ -193,7 +194,11 @@ class Service:
         self.service_settings = settings
         self.nomad = nomad
         self.metrics = Metrics()
-        self.client = NomadClient(nomad, on_request=self.metrics.observe_nomad_request)
+        self.client = NomadClient(
+            nomad,
+            on_request=self.metrics.observe_nomad_request,
+            user_agent=f"poolkeeper/{__version__} ({self.identity()})",
+        )
         self.engine = Engine(
             self.client,
             self.metrics,

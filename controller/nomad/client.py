@@ -39,6 +39,7 @@ import aiohttp
 from aiohttp.helpers import get_env_proxy_for_url
 from yarl import URL
 
+from controller import __version__
 from controller.nomad.config import NomadConfig
 from controller.nomad.errors import (
     NomadBadRequest,
@@ -185,10 +186,14 @@ class NomadClient:
         attempts: int = 4,
         backoff_base: float = 0.1,
         backoff_max: float = 2.0,
+        user_agent: str = f"poolkeeper/{__version__}",
     ) -> None:
+        """`user_agent` names this process to Nomad (its audit log, a proxy's access log):
+        the service puts its lease identity in it."""
         if max_connections < 1 or attempts < 1 or timeout <= 0:
             raise ValueError("max_connections and attempts must be >= 1, timeout > 0")
         self._config = config
+        self._user_agent = user_agent
         self._max_connections = max_connections
         # `connect` also bounds the wait for a free pooled connection.
         self._timeout = aiohttp.ClientTimeout(
@@ -484,7 +489,8 @@ class NomadClient:
             self._session = aiohttp.ClientSession(
                 self._config.address,
                 connector=tls_connector(self._config, self._max_connections),
-                headers={"X-Nomad-Token": token} if token else None,
+                headers={"User-Agent": self._user_agent}
+                | ({"X-Nomad-Token": token} if token else {}),
                 timeout=self._timeout,
             )
         return self._session

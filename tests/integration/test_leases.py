@@ -93,6 +93,10 @@ async def test_two_reconcilers_never_fight_and_the_other_one_says_who_reconciles
 
     await wait_until(four_idle, what="the new holder's spec")
     assert condition(second, "Degraded")[:2] == ("False", "AsExpected")
+    # The simulator's log of runner job writes: each by the holder of the lease then.
+    writers = {write.writer for write in harness.sim.audit.writes}
+    assert writers == {"host-a/1", "host-b/2"}
+    assert harness.sim.audit.by_non_holders() == []
 
 
 @pytest.mark.slow

@@ -108,7 +108,14 @@ class JobRoutes:
         ns = request.query.get("namespace") or body["Job"].get("Namespace") or "default"
         self.sim.require(t, ns, "submit-job")
         out = self.sim.register_job(body["Job"], ns, enforce, jmi)
+        self._audit(request, "register", ns, body["Job"].get("ID", ""), body["Job"])
         return reply(out, out["Index"])
+
+    def _audit(
+        self, request: web.Request, kind: str, namespace: str, job_id: str, job: JSON | None
+    ) -> None:
+        user_agent = request.headers.get("User-Agent", "")
+        self.sim.audit.record(user_agent, kind, namespace, job_id, job)
 
     async def job_read(
         self, request: web.Request, p: dict[str, str], t: JSON | None
@@ -129,7 +136,11 @@ class JobRoutes:
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
         purge = parse_bool(request, "purge")
-        out = self.sim.deregister_job(p["id"], namespace_of(request), purge)
+        namespace = namespace_of(request)
+        existing = self.sim.jobs.get((namespace, p["id"]))
+        if existing is not None:
+            self._audit(request, "purge", namespace, p["id"], existing.job)
+        out = self.sim.deregister_job(p["id"], namespace, purge)
         return reply(out, out["Index"] or self.sim.index)
 
     async def job_allocations(

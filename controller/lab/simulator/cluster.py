@@ -9,6 +9,7 @@ from typing import Any
 from controller.lab.simulator.acl import Acl
 from controller.lab.simulator.acl_policy import Permissions
 from controller.lab.simulator.api import ApiFaults
+from controller.lab.simulator.audit import WriteAudit
 from controller.lab.simulator.clients import Clients
 from controller.lab.simulator.jobs import JobRegistry
 from controller.lab.simulator.nodes import NodeRegistry
@@ -74,6 +75,7 @@ class Simulator:
         self.blocked = self.scheduler.blocked
         self.fail_images = self.clients.fail_images
         self.vars = self.variable_registry.vars
+        self.audit = WriteAudit(self.vars)
         self.tokens = self.acl.tokens
         self.policies = self.acl.policies
         for name in nodes or ["sim-node-1", "sim-node-2", "sim-node-3"]:
