@@ -1,11 +1,13 @@
 """`poolkeeper chaos`: the chaos soak (docs/reliability.md).
 
 Several pools on the simulator (in-process), a controller as a subprocess (`python -m
-controller run`) that is SIGKILLed and restarted at random moments, concurrent clients
-that claim, keep alive, read and release runners through the HTTP API, and a fault
-schedule drawn up front from `random.Random(seed)` that injects every fault the simulator
-offers. Invariants are checked continuously (from the client side and from what the
-simulator holds) and at the end; the report lists every violation.
+controller run`) that is SIGKILLed (or stopped) and restarted at random moments, a second controller
+with a different spec for the same pools (`idleRunners` + 1) that is started and
+SIGKILLed at random moments, concurrent clients that claim, keep alive, read and release
+runners through the HTTP API of either, and a fault schedule drawn up front from
+`random.Random(seed)` that injects every fault the simulator offers. Invariants are
+checked continuously (from the client side and from what the simulator holds) and at the
+end; the report lists every violation.
 
 The run is a sequence of rounds. In a round's fault window the clients work and faults
 hit; then every fault is switched off, the clients release what they hold and pause, and
@@ -32,8 +34,11 @@ What is checked (exactly):
   `convergence_bound` seconds, and stays there while no fault and no claim happens;
 * at the end no job but the idle ones and no live claim variable is left (tombstones and
   request records are not leaks, but a request record whose claim does not exist is);
+* no runner job is registered or purged by a controller that did not hold the pool's
+  lease at that instant (the simulator's write audit, `simulator/audit.py`; purging a
+  runner its client released is allowed to anyone);
 * no HTTP 5xx other than 503 from the API, no controller exit that the driver did not
-  cause, no traceback in the controller's logs.
+  cause, no traceback in either controller's logs.
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ TOKEN = "chaos-token"
 NAMESPACE = "default"
 CLAIMS_PREFIX = "poolkeeper/claims/"
 REQUESTS_PREFIX = "poolkeeper/requests/"
+LEASES_PREFIX = "poolkeeper/leases/"
 META_POOL = "poolkeeper_pool"
 SURGE = 20  # the engine's per-pass creation surge (Engine(surge=20))
 RESTART_GRACE_SECONDS = 10.0
@@ -98,6 +104,8 @@ FAULT_KINDS: tuple[str, ...] = (
     "fail_starts",
     "slow_starts",
     "sigkill",
+    "sigterm",
+    "second_controller",
 )
 # Faults with a duration: switched off after it (and at the end of the window anyway).
 TIMED = {
@@ -113,6 +121,8 @@ TIMED = {
     "fail_starts",
     "slow_starts",
     "sigkill",
+    "sigterm",
+    "second_controller",
 }
 WEIGHTS: dict[str, int] = {
     "reschedule": 4,
@@ -133,7 +143,12 @@ WEIGHTS: dict[str, int] = {
     "fail_starts": 1,
     "slow_starts": 1,
     "sigkill": 2,
+    "sigterm": 1,
+    "second_controller": 2,
 }
+# The second controller reconciles the same pools with this many more idle runners: were
+# it ever to write a pool it does not hold, the pools would not converge.
+RIVAL_EXTRA_IDLE = 1
 
 
 # Faults of the closing burst of a window.
@@ -221,8 +236,10 @@ def make_schedule(seed: int, minutes: float, profile: Profile) -> list[Round]:
     for index in range(rounds):
         count = rng.randint(*profile.faults_per_window)
         chosen = rng.choices(kinds, weights, k=count)
-        if index == 0 and "sigkill" not in chosen:
-            chosen[0] = "sigkill"  # every run restarts the controller at least once
+        # Every run restarts the controller and starts the second one at least once.
+        for required in ("sigkill", "second_controller") if index == 0 else ():
+            if required not in chosen:
+                chosen.append(required)
         events = []
         for kind in chosen:
             at = rng.uniform(0.5, window * 0.85)
@@ -233,6 +250,7 @@ def make_schedule(seed: int, minutes: float, profile: Profile) -> list[Round]:
                 "slow_api": rng.uniform(300, 2500),
                 "slow_starts": rng.uniform(0.5, 3.0),
                 "sigkill": rng.uniform(0.1, 3.0),
+                "sigterm": rng.uniform(0.1, 3.0),
             }.get(kind, 0.0)
             events.append(FaultEvent(at, kind, rng.random(), duration, value))
         # A closing burst right before the faults stop, so that the convergence time
@@ -280,6 +298,27 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _pools_file(folder: Path, extra_idle: int) -> Path:
+    path = folder / "pools.yaml"
+    documents = [
+        {
+            "apiVersion": "poolkeeper.dev/v1alpha1",
+            "kind": "RunnerPool",
+            "metadata": {"name": p.name, "namespace": NAMESPACE},
+            "spec": {
+                "idleRunners": p.idle + extra_idle,
+                "maxRunners": p.max_runners,
+                "startupTimeoutSeconds": 10,
+                "claims": {"defaultInactivityTimeoutSeconds": 30},
+                "runner": {"image": f"{p.name}:latest"},
+            },
+        }
+        for p in POOLS
+    ]
+    path.write_text(yaml.safe_dump_all(documents))
+    return path
+
+
 def _parse_time(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
@@ -293,7 +332,7 @@ def _percentile(values: Sequence[float], share: float) -> float | None:
 
 
 class ControllerProcess:
-    """`python -m controller run` against the simulator; SIGKILLed and restarted."""
+    """`python -m controller run` against the simulator; SIGKILLed, stopped, restarted."""
 
     def __init__(self, workdir: Path, sim_url: str, port: int, pools_file: Path) -> None:
         self.workdir = workdir
@@ -306,6 +345,7 @@ class ControllerProcess:
         self.incarnation = 0
         self.started_at = 0.0
         self.logs: list[Path] = []
+        self.pids: list[int] = []
         self.unexpected_exits: list[str] = []
         self.stopping = False
         self._watch: asyncio.Task[None] | None = None
@@ -340,19 +380,21 @@ class ControllerProcess:
                 env=env,
                 start_new_session=True,
             )
+        self.pids.append(self.proc.pid)
         self.started_at = time.monotonic()
         self._watch = asyncio.create_task(self._watch_exit(self.proc, self.incarnation))
 
     async def _watch_exit(self, proc: asyncio.subprocess.Process, incarnation: int) -> None:
         code = await proc.wait()
-        if code != -signal.SIGKILL and not self.stopping:
-            self.unexpected_exits.append(
-                f"controller incarnation {incarnation} exited by itself with code {code}"
-            )
-            # As a supervisor (systemd, Kubernetes) would: start it again after a second.
-            await asyncio.sleep(1.0)
-            if not self.stopping and self.proc is proc:
-                await self.start()
+        if self.proc is not proc:
+            return  # the driver killed or stopped it
+        self.unexpected_exits.append(
+            f"controller incarnation {incarnation} exited by itself with code {code}"
+        )
+        # As a supervisor (systemd, Kubernetes) would: start it again after a second.
+        await asyncio.sleep(1.0)
+        if not self.stopping and self.proc is proc:
+            await self.start()
 
     async def kill(self) -> None:
         """SIGKILL: no chance to clean up, as after a node crash."""
@@ -361,20 +403,27 @@ class ControllerProcess:
             proc.send_signal(signal.SIGKILL)
             await proc.wait()
 
+    async def terminate(self) -> float:
+        """SIGTERM, as a rolling restart does; the seconds until the process exited."""
+        proc, self.proc = self.proc, None
+        started = time.monotonic()
+        if proc is not None and proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), 15)
+            except TimeoutError:
+                self.unexpected_exits.append("controller did not exit within 15 s of SIGTERM")
+                proc.send_signal(signal.SIGKILL)
+                await proc.wait()
+        return time.monotonic() - started
+
     async def ensure_running(self) -> None:
         if self.proc is None or self.proc.returncode is not None:
             await self.start()
 
     async def stop(self) -> None:
         self.stopping = True
-        proc, self.proc = self.proc, None
-        if proc is not None and proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), 15)
-            except TimeoutError:
-                proc.send_signal(signal.SIGKILL)
-                await proc.wait()
+        await self.terminate()
         if self._watch is not None:
             await asyncio.gather(self._watch, return_exceptions=True)
 
@@ -412,6 +461,13 @@ class Chaos:
         self.sim = Simulator(nodes=list(NODES), seed=seed, start_delay=START_DELAY)
         self.server: SimServer | None = None
         self.controller: ControllerProcess | None = None
+        # A second controller with a different spec for the same pools, started and
+        # SIGKILLed by the fault `second_controller`; it must never write a pool it does
+        # not hold the lease of, and serves some of the clients' requests while it runs.
+        self.rival: ControllerProcess | None = None
+        self.route_rng = random.Random(seed ^ 0xB1A5)
+        self.rival_starts = 0
+        self.handovers: list[float] = []  # seconds from a SIGTERM to the other's leases
         self.stats = Stats()
         self.violations: list[str] = []
         self.faults_injected: Counter[str] = Counter()
@@ -598,10 +654,13 @@ class Chaos:
     ) -> tuple[int, Any]:
         """(status, JSON body); status 0 when the controller did not answer."""
         assert self.controller is not None
+        target = self.controller
+        if self.rival is not None and self.rival.proc is not None and self.route_rng.random() < 0.3:
+            target = self.rival
         try:
             async with http.request(
                 method,
-                self.controller.url + path,
+                target.url + path,
                 json=body,
                 headers={"Authorization": f"Bearer {TOKEN}"},
                 timeout=aiohttp.ClientTimeout(total=15),
@@ -890,8 +949,53 @@ class Chaos:
                 self.restarts += 1
                 pending.append(asyncio.create_task(self._later(event.value, self._restart())))
                 target = {"restart_after": round(event.value, 2)}
+        elif kind == "sigterm":
+            assert self.controller is not None
+            if self.controller.proc is None:
+                target = "controller already down"
+            else:
+                signalled = time.monotonic()
+                rival_up = self.rival is not None and self.rival.proc is not None
+                if rival_up and self.holds_every_lease(self.controller):
+                    pending.append(asyncio.create_task(self.time_handover(signalled)))
+                seconds = await self.controller.terminate()
+                self.restarts += 1
+                pending.append(asyncio.create_task(self._later(event.value, self._restart())))
+                target = {"exited_after": round(seconds, 2), "restart_after": round(event.value, 2)}
+        elif kind == "second_controller":
+            assert self.rival is not None
+            if self.rival.proc is not None:
+                target = "second controller already running"
+            else:
+                await self.rival.start()
+                self.rival_starts += 1
+                pending.append(asyncio.create_task(self._later(event.duration, self.rival.kill())))
+                target = {"sigkill_after": round(event.duration, 2)}
         self.faults_injected[kind] += 1
         self.fault_log.append({"round": round_index, **event.to_dict(), "hit": target})
+
+    def holds_every_lease(self, process: ControllerProcess) -> bool:
+        """Whether the running incarnation of `process` holds the lease of every pool."""
+        if process.proc is None:
+            return False
+        holders = [
+            str((var.get("Items") or {}).get("holder", ""))
+            for path, var in self.sim.variables(NAMESPACE).items()
+            if path.startswith(LEASES_PREFIX) and var.get("Lock")
+        ]
+        mine = f"/{process.proc.pid}"
+        return len(holders) == len(POOLS) and all(h.endswith(mine) for h in holders)
+
+    async def time_handover(self, signalled: float) -> None:
+        """Seconds from the holder's SIGTERM until the running second controller holds
+        every pool's lease (it released them on the way out)."""
+        assert self.rival is not None
+        while time.monotonic() - signalled < 15:
+            if self.holds_every_lease(self.rival):
+                self.handovers.append(round(time.monotonic() - signalled, 2))
+                return
+            await asyncio.sleep(0.05)
+        # Not a violation: a holder that cannot reach Nomad cannot release its leases.
 
     @staticmethod
     async def _later(seconds: float, action: Any) -> None:
@@ -941,7 +1045,8 @@ class Chaos:
             await self.node_up(node)
         for node in sorted(self.drained_nodes):
             await self.undrain(node)
-        assert self.controller is not None
+        assert self.controller is not None and self.rival is not None
+        await self.rival.kill()
         await self.controller.ensure_running()
 
     # ---- rounds ------------------------------------------------------------------------
@@ -1059,27 +1164,14 @@ class Chaos:
 
     async def run(self) -> dict[str, Any]:
         self.server = await start_sim(self.sim, host="127.0.0.1", port=0)
-        pools_file = self.workdir / "pools.yaml"
-        pools_file.write_text(
-            yaml.safe_dump_all(
-                [
-                    {
-                        "apiVersion": "poolkeeper.dev/v1alpha1",
-                        "kind": "RunnerPool",
-                        "metadata": {"name": p.name, "namespace": NAMESPACE},
-                        "spec": {
-                            "idleRunners": p.idle,
-                            "maxRunners": p.max_runners,
-                            "startupTimeoutSeconds": 10,
-                            "claims": {"defaultInactivityTimeoutSeconds": 30},
-                            "runner": {"image": f"{p.name}:latest"},
-                        },
-                    }
-                    for p in POOLS
-                ]
-            )
+        self.controller = ControllerProcess(
+            self.workdir, self.server.url, _free_port(), _pools_file(self.workdir, 0)
         )
-        self.controller = ControllerProcess(self.workdir, self.server.url, _free_port(), pools_file)
+        rival_dir = self.workdir / "second-controller"
+        rival_dir.mkdir(exist_ok=True)
+        self.rival = ControllerProcess(
+            rival_dir, self.server.url, _free_port(), _pools_file(rival_dir, RIVAL_EXTRA_IDLE)
+        )
         monitor = asyncio.create_task(self.monitor())
         clients: list[asyncio.Task[None]] = []
         try:
@@ -1105,16 +1197,33 @@ class Chaos:
             await asyncio.gather(monitor, return_exceptions=True)
             for task in clients:
                 task.cancel()
+            await self.rival.stop()
             await self.controller.stop()
             await self.server.stop()
-        for exit_ in self.controller.unexpected_exits:
-            self.violate(exit_)
-        for traceback in self.controller.tracebacks():
-            self.violate(f"controller log: {traceback}")
+        for process in (self.controller, self.rival):
+            for exit_ in process.unexpected_exits:
+                self.violate(exit_)
+            for traceback in process.tracebacks():
+                self.violate(f"controller log: {traceback}")
+        for write in self.sim.audit.by_non_holders():
+            self.violate(
+                f"{write.kind} of runner {write.job_id} by {write.writer} while "
+                f"{write.holder or 'nobody'} held the lease of {write.pool}"
+            )
         return self.report()
 
+    def writes_as_holder(self, process: ControllerProcess) -> int:
+        """Runner jobs written by any incarnation of `process` (its identity ends in its pid)
+        while it held the pool's lease."""
+        pids = {str(pid) for pid in process.pids}
+        return sum(
+            1
+            for write in self.sim.audit.writes
+            if write.writer == write.holder and write.writer.rpartition("/")[2] in pids
+        )
+
     def report(self) -> dict[str, Any]:
-        assert self.controller is not None
+        assert self.controller is not None and self.rival is not None
         stats = self.stats
         return {
             "seed": self.seed,
@@ -1135,6 +1244,11 @@ class Chaos:
             "pool_empty_answers": stats.pool_empty,
             "unavailable_answers": stats.unavailable,
             "controller_restarts": self.restarts,
+            "second_controller_starts": self.rival_starts,
+            "sigterm_handover_seconds": self.handovers,
+            "runner_writes": len(self.sim.audit.writes),
+            "runner_writes_by_second_controller_as_holder": self.writes_as_holder(self.rival),
+            "runner_writes_by_non_holders": len(self.sim.audit.by_non_holders()),
             "initial_fill_seconds": self.initial_fill_seconds,
             "convergence_samples": len(self.convergence),
             "convergence_p50_seconds": _percentile(self.convergence, 0.5),
@@ -1146,7 +1260,8 @@ class Chaos:
             "claims_lost": stats.claims_lost,
             "max_runners_excess": self.max_excess,
             "job_registrations": self.sim.registrations(),
-            "controller_error_log_lines": len(self.controller.error_lines()),
+            "controller_error_log_lines": len(self.controller.error_lines())
+            + len(self.rival.error_lines()),
             "invariant_violations": self.violations,
             "convergence_by_round": self.convergence_rounds,
             "faults": self.fault_log,
@@ -1160,11 +1275,16 @@ def render_markdown(reports: Sequence[dict[str, Any]], command: str) -> str:
         "",
         f"<!-- generated by `{command}`; do not edit by hand -->",
         "",
-        "The chaos soak (`poolkeeper chaos`, `controller/chaos.py`) runs three pools on the",
-        "simulator, a controller subprocess that is SIGKILLed and restarted at random moments,",
-        "concurrent clients that claim, keep alive and release runners, and a fault schedule",
-        "drawn from the seed that injects every fault the simulator offers. The module",
-        "docstring of `controller/chaos.py` states exactly what is checked. The fault matrix",
+        "The chaos soak (`poolkeeper chaos`, `controller/lab/chaos.py`) runs three pools on",
+        "the simulator, a controller subprocess that is SIGKILLed (or stopped with SIGTERM)",
+        "and restarted at random",
+        "moments, a second controller with a different spec for the same pools",
+        "(`idleRunners` + 1) that is started and SIGKILLed at random moments, concurrent",
+        "clients that claim, keep alive and release runners through either, and a fault",
+        "schedule drawn from the seed that injects every fault the simulator offers. The",
+        "module docstring of `controller/lab/chaos.py` states exactly what is checked; among",
+        "it, from the simulator's write audit, that no runner job was ever registered or",
+        "purged by a controller that did not hold its pool's lease. The fault matrix",
         "(`tests/integration/test_fault_matrix.py`) tests each fault class on its own, and",
         "`tests/integration/test_hostile_input.py` fuzzes the HTTP API.",
         "",
@@ -1192,7 +1312,16 @@ def render_markdown(reports: Sequence[dict[str, Any]], command: str) -> str:
         ("rounds of faults", "rounds"),
         ("faults injected", "faults_total"),
         ("claims served", "claims_served"),
-        ("controller restarts survived (SIGKILL)", "controller_restarts"),
+        ("controller restarts survived (SIGKILL, SIGTERM)", "controller_restarts"),
+        ("second controller started (then SIGKILLed)", "second_controller_starts"),
+        ("leases handed over on SIGTERM to the second controller", "handovers"),
+        ("... seconds until handed over, max", "handover_max"),
+        ("runner job writes", "runner_writes"),
+        (
+            "... by the second controller, holding the lease",
+            "runner_writes_by_second_controller_as_holder",
+        ),
+        ("runner job writes by a non-holder (goal 0)", "runner_writes_by_non_holders"),
         ("convergence after faults, p50 (s)", "convergence_p50_seconds"),
         ("convergence after faults, p99 (s)", "convergence_p99_seconds"),
         ("convergence after faults, max (s)", "convergence_max_seconds"),
@@ -1210,6 +1339,8 @@ def render_markdown(reports: Sequence[dict[str, Any]], command: str) -> str:
             derived = {
                 "faults_total": sum(report["faults_injected"].values()),
                 "max_runners_excess_total": max(report["max_runners_excess"].values(), default=0),
+                "handovers": len(report["sigterm_handover_seconds"]),
+                "handover_max": max(report["sigterm_handover_seconds"], default=None),
             }
             value = derived.get(key, report.get(key))
             cells.append(str(len(value)) if isinstance(value, list) else str(value))

@@ -26,10 +26,11 @@ def test_the_schedule_comes_from_the_seed_alone() -> None:
         assert all(e.at + e.duration <= profile.window_seconds + 1e-9 for e in round_.events)
 
 
-def test_every_short_run_restarts_the_controller() -> None:
+def test_every_short_run_restarts_the_controller_and_starts_the_second_one() -> None:
     for seed in range(20):
         schedule = make_schedule(seed, MINUTES, Profile.for_minutes(MINUTES))
-        assert any(e.kind == "sigkill" for e in schedule[0].events)
+        kinds = {e.kind for e in schedule[0].events}
+        assert {"sigkill", "second_controller"} <= kinds
 
 
 @pytest.mark.slow
@@ -40,6 +41,10 @@ async def test_short_soak_holds_every_invariant(tmp_path: Path) -> None:
     assert report["claims_lost"] == 0
     assert report["runners_leaked"] == 0
     assert report["controller_restarts"] >= 1
+    assert report["second_controller_starts"] >= 1
+    # Two controllers, one writer per pool at any instant (the simulator's write audit).
+    assert report["runner_writes"] > 0
+    assert report["runner_writes_by_non_holders"] == 0
     assert report["claims_served"] >= 5
     assert sum(report["faults_injected"].values()) >= 8
     # Every pool converged after the round (one sample per pool).
