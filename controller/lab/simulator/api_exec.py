@@ -20,13 +20,19 @@ from urllib.parse import urlsplit
 
 from aiohttp import WSMsgType, web
 
+from controller.core.gojson import (
+    GoJSONError,
+    GoStruct,
+    decode_struct,
+    go_bool,
+    unmarshal_strings,
+)
 from controller.lab.simulator.authz import ALLOC_EXEC, ALLOC_NODE_EXEC
-from controller.lab.simulator.gojson import GoJSONError, GoStruct, decode_struct, unmarshal_strings
 from controller.lab.simulator.localexec import LocalProcess
 from controller.lab.simulator.sandbox import Sandbox, alloc_group
 from controller.lab.simulator.store import TERMINAL
 from controller.lab.simulator.util import JSON, ApiError
-from controller.lab.simulator.wire import ENCODE, AddRoute, go_bool, text
+from controller.lab.simulator.wire import ENCODE, AddRoute, text
 
 if TYPE_CHECKING:
     from controller.lab.simulator.api import Api

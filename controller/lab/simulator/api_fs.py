@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from aiohttp import web
 
+from controller.core.gojson import go_bool, go_int
 from controller.lab.simulator.allocfs import (
     NO_SUCH_FILE,
     FsError,
@@ -28,7 +29,7 @@ from controller.lab.simulator.allocfs import (
 from controller.lab.simulator.authz import READ_FS
 from controller.lab.simulator.sandbox import Sandbox
 from controller.lab.simulator.util import JSON, ApiError, bad_request
-from controller.lab.simulator.wire import ENCODE, AddRoute, go_bool, go_int, reply, text
+from controller.lab.simulator.wire import ENCODE, AddRoute, reply, text
 
 if TYPE_CHECKING:
     from controller.lab.simulator.api import Api

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
+from controller.core.gojson import GO_BOOLS, go_bool
 from controller.lab.simulator.bexpr import FilterError, compile_filter
-from controller.lab.simulator.gojson import go_quote
 from controller.lab.simulator.util import JSON, bad_request, parse_go_duration
 
 if TYPE_CHECKING:
@@ -20,9 +20,6 @@ Handler = Callable[[web.Request, dict[str, str], JSON | None], Awaitable[web.Str
 MAX_WAIT = 300.0
 # One shared encoder: json.dumps(..., separators=...) would build a new one per call.
 ENCODE = json.JSONEncoder(separators=(",", ":")).encode
-_BOOL_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
-_BOOL_FALSE = {"0", "f", "F", "FALSE", "false", "False"}
-_INT64 = 1 << 63
 
 
 class AddRoute(Protocol):
@@ -54,26 +51,6 @@ def reply_raw(body: bytes, index: int) -> web.Response:
         "X-Nomad-Index": str(index),
     }
     return web.Response(body=body, content_type="application/json", headers=headers)
-
-
-def go_bool(raw: str) -> bool:
-    """Go's strconv.ParseBool; the ValueError carries Go's message."""
-    if raw in _BOOL_TRUE:
-        return True
-    if raw in _BOOL_FALSE:
-        return False
-    raise ValueError(f"strconv.ParseBool: parsing {go_quote(raw)}: invalid syntax")
-
-
-def go_int(raw: str) -> int:
-    """Go's strconv.ParseInt(raw, 10, 64); the ValueError carries Go's message."""
-    digits = raw[1:] if raw[:1] in ("+", "-") else raw
-    if not digits or not digits.isascii() or not digits.isdigit():
-        raise ValueError(f"strconv.ParseInt: parsing {go_quote(raw)}: invalid syntax")
-    value = int(raw)
-    if not -_INT64 <= value < _INT64:
-        raise ValueError(f"strconv.ParseInt: parsing {go_quote(raw)}: value out of range")
-    return value
 
 
 def parse_bool(request: web.Request, name: str, default: bool = False) -> bool:
@@ -122,7 +99,7 @@ async def block(sim: Simulator, request: web.Request, index_of: Callable[[], int
     raw_index = request.query.get("index")
     raw_wait = request.query.get("wait")
     stale = request.query.get("stale")
-    if stale not in (None, "") and stale not in _BOOL_TRUE | _BOOL_FALSE:
+    if stale not in (None, "") and stale not in GO_BOOLS:
         raise bad_request(
             f"Expect `true` or `false` for `stale` query string parameter, got {stale}"
         )

@@ -1,5 +1,6 @@
-"""Go's encoding/json as a Nomad agent's clients see it: the values it decodes into Go
-types, and the error texts it gives (syntax, Go types, base64), which Nomad passes on."""
+"""Go's encoding/json and strconv as clients of Go servers see them: the values they
+decode into Go types, and the error texts they give (syntax, Go types, base64, numbers
+and booleans), which Nomad and Poseidon pass on. Pure."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import string
 from dataclasses import dataclass
 from typing import Any
 
-from controller.lab.simulator.util import JSON
+JSON = dict[str, Any]
 
 _GO_WHITESPACE = " \t\r\n"
 _BASE64 = frozenset(string.ascii_letters + string.digits + "+/")
-_INT_BITS = {"int": 64, "int32": 32}
-_ZERO: dict[str, Any] = {"string": "", "bool": False, "int": 0, "int32": 0, "[]uint8": None}
+# Integer kinds: (bits, signed).
+_INTEGERS = {"int": (64, True), "int32": (32, True), "uint": (64, False), "uint16": (16, False)}
+_ZERO: dict[str, Any] = {"string": "", "bool": False, "[]uint8": None} | dict.fromkeys(_INTEGERS, 0)
 
 
 class GoJSONError(Exception):
@@ -25,11 +27,30 @@ class GoJSONError(Exception):
 
 @dataclass(frozen=True)
 class GoStruct:
-    """A Go struct to decode into: its type name and its fields' JSON names and Go types
-    ("string", "bool", "int", "int32", "[]uint8" from base64, or a nested struct)."""
+    """A Go struct to decode into: its type name and its fields' JSON names and Go types."""
 
     name: str
-    fields: dict[str, str | GoStruct]
+    fields: dict[str, GoType]
+
+
+@dataclass(frozen=True)
+class GoSlice:
+    """A Go slice of another type (an array in JSON; null is nil)."""
+
+    item: GoType
+
+    @property
+    def name(self) -> str:
+        return "[]" + _type_name(self.item)
+
+
+# A basic kind ("string", "bool", "int", "int32", "uint", "uint16", "[]uint8" from
+# base64), a struct or a slice.
+GoType = str | GoStruct | GoSlice
+
+
+def _type_name(kind: GoType) -> str:
+    return kind if isinstance(kind, str) else kind.name
 
 
 def _reject_constant(name: str) -> Any:
@@ -70,9 +91,53 @@ def unmarshal_strings(raw: str) -> list[str] | None:
     return ["" if item is None else item for item in value]
 
 
+def go_marshal(value: Any) -> str:
+    """`value` as Go's json.Marshal writes it: compact, UTF-8, and with <, >, &, U+2028
+    and U+2029 escaped (they can only occur inside strings, so replacing them is safe)."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    for char, escape in _HTML_ESCAPES:
+        text = text.replace(char, escape)
+    return text
+
+
+_HTML_ESCAPES = (
+    ("<", "\\u003c"),
+    (">", "\\u003e"),
+    ("&", "\\u0026"),
+    ("\u2028", "\\u2028"),
+    ("\u2029", "\\u2029"),
+)
+
+
 def go_quote(text: str) -> str:
-    """Go's strconv.Quote, for the texts the simulator quotes in Go's error messages."""
+    """Go's strconv.Quote, for the texts Go's error messages quote."""
     return json.dumps(text, ensure_ascii=False)
+
+
+_BOOL_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_BOOL_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+GO_BOOLS = _BOOL_TRUE | _BOOL_FALSE  # every text strconv.ParseBool reads
+_INT64 = 1 << 63
+
+
+def go_bool(raw: str) -> bool:
+    """Go's strconv.ParseBool; the ValueError carries Go's message."""
+    if raw in _BOOL_TRUE:
+        return True
+    if raw in _BOOL_FALSE:
+        return False
+    raise ValueError(f"strconv.ParseBool: parsing {go_quote(raw)}: invalid syntax")
+
+
+def go_int(raw: str) -> int:
+    """Go's strconv.ParseInt(raw, 10, 64); the ValueError carries Go's message."""
+    digits = raw[1:] if raw[:1] in ("+", "-") else raw
+    if not digits or not digits.isascii() or not digits.isdigit():
+        raise ValueError(f"strconv.ParseInt: parsing {go_quote(raw)}: invalid syntax")
+    value = int(raw)
+    if not -_INT64 <= value < _INT64:
+        raise ValueError(f"strconv.ParseInt: parsing {go_quote(raw)}: value out of range")
+    return value
 
 
 # ---------------------------------------------------------------------- decoding
@@ -88,23 +153,34 @@ def _parse(text: str, eof_message: str, whole: bool) -> Any:
 
 
 def _into_struct(obj: JSON, struct: GoStruct, path: str) -> JSON:
-    out: JSON = {
-        name: None if isinstance(kind, GoStruct) else _ZERO[kind]
-        for name, kind in struct.fields.items()
-    }
+    out: JSON = {name: _zero(kind) for name, kind in struct.fields.items()}
     for key, value in obj.items():
         name = key if key in struct.fields else _fold(key, struct.fields)
         if name is None or value is None:
             continue  # Go ignores unknown keys, and null leaves a field as it is
-        kind = struct.fields[name]
-        where = f"{path}.{name}" if path else name
-        if isinstance(kind, GoStruct):
-            if not isinstance(value, dict):
-                raise _type_error(value, struct, where, kind.name)
-            out[name] = _into_struct(value, kind, where)
-        else:
-            out[name] = _scalar(value, kind, struct, where)
+        out[name] = _decode(value, struct.fields[name], struct, f"{path}.{name}" if path else name)
     return out
+
+
+def _zero(kind: GoType) -> Any:
+    return _ZERO[kind] if isinstance(kind, str) else None
+
+
+def _decode(value: Any, kind: GoType, struct: GoStruct, where: str) -> Any:
+    """`value` (not null) as a field of `struct` of type `kind`; a type error names the
+    innermost struct and the field's whole path, as Go's does."""
+    if isinstance(kind, GoStruct):
+        if not isinstance(value, dict):
+            raise _type_error(value, struct, where, kind.name)
+        return _into_struct(value, kind, where)
+    if isinstance(kind, GoSlice):
+        if not isinstance(value, list):
+            raise _type_error(value, struct, where, kind.name)
+        return [
+            _zero(kind.item) if item is None else _decode(item, kind.item, struct, where)
+            for item in value
+        ]
+    return _scalar(value, kind, struct, where)
 
 
 def _scalar(value: Any, kind: str, struct: GoStruct, where: str) -> Any:
@@ -112,9 +188,10 @@ def _scalar(value: Any, kind: str, struct: GoStruct, where: str) -> Any:
         return value
     if kind == "bool" and isinstance(value, bool):
         return value
-    if kind in _INT_BITS and isinstance(value, int | float) and not isinstance(value, bool):
-        limit = 1 << (_INT_BITS[kind] - 1)
-        if isinstance(value, int) and -limit <= value < limit:
+    if kind in _INTEGERS and isinstance(value, int | float) and not isinstance(value, bool):
+        bits, signed = _INTEGERS[kind]
+        low, high = (-(1 << (bits - 1)), 1 << (bits - 1)) if signed else (0, 1 << bits)
+        if isinstance(value, int) and low <= value < high:
             return value
         raise _type_error(value, struct, where, kind, number=f"number {value}")
     if kind == "[]uint8" and isinstance(value, str):

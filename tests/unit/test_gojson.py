@@ -1,0 +1,165 @@
+"""Go's JSON decoding and strconv errors, as Nomad's agent and Poseidon pass them on."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.core.gojson import (
+    GoJSONError,
+    GoSlice,
+    GoStruct,
+    decode_struct,
+    go_bool,
+    go_int,
+    go_marshal,
+    unmarshal_strings,
+)
+
+IO = GoStruct("proto.ExecTaskStreamingIOOperation", {"data": "[]uint8", "close": "bool"})
+SIZE = GoStruct("proto.TerminalSize", {"height": "int32"})
+REQUEST = GoStruct("proto.ExecTaskStreamingRequest", {"stdin": IO, "tty_size": SIZE})
+
+
+def test_decoding_fills_zero_values_matches_keys_loosely_and_reads_one_value() -> None:
+    assert decode_struct('{"foo": 1}', REQUEST) == {"stdin": None, "tty_size": None}
+    assert decode_struct('{"STDIN": {"Data": "aGk=", "close": null}} junk', REQUEST) == {
+        "stdin": {"data": b"hi", "close": False},
+        "tty_size": None,
+    }
+    with pytest.raises(EOFError):
+        decode_struct(" \n", REQUEST)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("hello", "invalid character 'h' looking for beginning of value"),
+        ("nope", "invalid character 'o' in literal null (expecting 'u')"),
+        ('{"stdin":', "unexpected EOF"),
+        ('{"a" 1}', "invalid character '1' after object key"),
+        ('{"a":1 "b":2}', "invalid character '\"' after object key:value pair"),
+        ('{"a":[1 2]}', "invalid character '2' after array element"),
+        ("{'a':1}", "invalid character '\\'' looking for beginning of object key string"),
+        ('{"a":"\\q"}', "invalid character 'q' in string escape code"),
+        ("[]", "json: cannot unmarshal array into Go value of type proto.ExecTaskStreamingRequest"),
+        (
+            '{"stdin": 1}',
+            "json: cannot unmarshal number into Go struct field "
+            "ExecTaskStreamingRequest.stdin of type proto.ExecTaskStreamingIOOperation",
+        ),
+        (
+            '{"stdin": {"close": "yes"}}',
+            "json: cannot unmarshal string into Go struct field "
+            "ExecTaskStreamingIOOperation.stdin.close of type bool",
+        ),
+        (
+            '{"tty_size": {"height": 1.5}}',
+            "json: cannot unmarshal number 1.5 into Go struct field "
+            "TerminalSize.tty_size.height of type int32",
+        ),
+        ('{"stdin": {"data": "a!=="}}', "illegal base64 data at input byte 1"),
+        ('{"stdin": {"data": "abcde"}}', "illegal base64 data at input byte 4"),
+        ('{"stdin": {"data": "a==="}}', "illegal base64 data at input byte 1"),
+    ],
+)
+def test_errors_read_as_go_writes_them(raw: str, message: str) -> None:
+    with pytest.raises(GoJSONError) as refused:
+        decode_struct(raw, REQUEST)
+    assert refused.value.message == message
+
+
+def test_unmarshal_strings_reads_the_whole_input() -> None:
+    assert unmarshal_strings('["sh", null]') == ["sh", ""]
+    assert unmarshal_strings("null") is None
+    for raw, message in (
+        ("", "unexpected end of JSON input"),
+        ('["a"', "unexpected end of JSON input"),
+        ('["a"] x', "invalid character 'x' after top-level value"),
+        ("[1]", "json: cannot unmarshal number into Go value of type string"),
+    ):
+        with pytest.raises(GoJSONError) as refused:
+            unmarshal_strings(raw)
+        assert refused.value.message == message
+
+
+FILE = GoStruct("dto.File", {"path": "string", "content": "[]uint8"})
+ENVIRONMENT = GoStruct(
+    "dto.ExecutionEnvironmentRequest",
+    {"prewarmingPoolSize": "uint", "exposedPorts": GoSlice("uint16"), "copy": GoSlice(FILE)},
+)
+
+
+def test_unsigned_integers_slices_and_their_zero_values() -> None:
+    assert decode_struct("{}", ENVIRONMENT) == {
+        "prewarmingPoolSize": 0,
+        "exposedPorts": None,
+        "copy": None,
+    }
+    decoded = decode_struct(
+        '{"prewarmingPoolSize": 5, "exposedPorts": [80, null, 65535],'
+        ' "copy": [{"path": "a/", "content": null}, {"path": "b", "content": "aGk="}]}',
+        ENVIRONMENT,
+    )
+    assert decoded == {
+        "prewarmingPoolSize": 5,
+        "exposedPorts": [80, 0, 65535],
+        "copy": [{"path": "a/", "content": None}, {"path": "b", "content": b"hi"}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (
+            '{"prewarmingPoolSize": -1}',
+            "json: cannot unmarshal number -1 into Go struct field "
+            "ExecutionEnvironmentRequest.prewarmingPoolSize of type uint",
+        ),
+        (
+            '{"prewarmingPoolSize": "5"}',
+            "json: cannot unmarshal string into Go struct field "
+            "ExecutionEnvironmentRequest.prewarmingPoolSize of type uint",
+        ),
+        (
+            '{"exposedPorts": [80, 70000]}',
+            "json: cannot unmarshal number 70000 into Go struct field "
+            "ExecutionEnvironmentRequest.exposedPorts of type uint16",
+        ),
+        (
+            '{"exposedPorts": "80"}',
+            "json: cannot unmarshal string into Go struct field "
+            "ExecutionEnvironmentRequest.exposedPorts of type []uint16",
+        ),
+        (
+            '{"copy": [{"path": 1}]}',
+            "json: cannot unmarshal number into Go struct field File.copy.path of type string",
+        ),
+        (
+            '{"copy": {"path": "a"}}',
+            "json: cannot unmarshal object into Go struct field "
+            "ExecutionEnvironmentRequest.copy of type []dto.File",
+        ),
+        ('{"copy": [{"content": "abc"}]}', "illegal base64 data at input byte 0"),
+    ],
+)
+def test_errors_of_unsigned_integers_and_slices(raw: str, message: str) -> None:
+    with pytest.raises(GoJSONError) as refused:
+        decode_struct(raw, ENVIRONMENT)
+    assert refused.value.message == message
+
+
+def test_strconv_texts() -> None:
+    assert go_bool("T") is True
+    assert go_bool("0") is False
+    with pytest.raises(ValueError, match=r'^strconv.ParseBool: parsing "yes": invalid syntax$'):
+        go_bool("yes")
+    assert go_int("-12") == -12
+    with pytest.raises(ValueError, match=r'^strconv.ParseInt: parsing "1x": invalid syntax$'):
+        go_int("1x")
+    with pytest.raises(ValueError, match="value out of range"):
+        go_int(str(2**63))
+
+
+def test_marshal_is_compact_utf8_with_go_html_escapes() -> None:
+    text = go_marshal({"message": "a <b> & c\u2028", "é": [1, None, True]})
+    assert text == '{"message":"a \\u003cb\\u003e \\u0026 c\\u2028","é":[1,null,true]}'
