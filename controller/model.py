@@ -62,6 +62,15 @@ DNS_LABEL_RE: Final = re.compile(rf"^{_DNS_LABEL}$")
 NOMAD_NAMESPACE_RE: Final = re.compile(r"^[a-zA-Z0-9-]{1,128}$")
 NOMAD_NODE_POOL_RE: Final = re.compile(r"^[a-zA-Z0-9-_.]{1,128}$")
 ENV_KEY_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Kubernetes label syntax: a value, or a key's name part, is at most 63 characters of
+# letters, digits, '-', '_' and '.', beginning and ending with a letter or digit.
+LABEL_NAME_RE: Final = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+LABEL_NAME_MAX: Final = 63
+# The label naming the Poseidon execution environment a pool serves (docs/poseidon.md).
+POSEIDON_ENVIRONMENT_LABEL: Final = "poolkeeper.dev/poseidon-environment"
+# An environment ID as Poseidon's routes take it: decimal, no leading zero, a Go int64.
+ENVIRONMENT_ID_RE: Final = re.compile(r"^(0|[1-9][0-9]{0,18})$")
+ENVIRONMENT_ID_MAX: Final = 2**63 - 1
 
 # Derived job prefixes keep room for the 12 hex characters of a runner ID.
 DERIVED_PREFIX_MAX: Final = 50
@@ -106,6 +115,31 @@ class _Model(BaseModel):
     )
 
 
+def label_problem(key: str, value: str) -> str | None:
+    """What Kubernetes would refuse in a label (or poolkeeper in one of its own), if
+    anything, so that pool files accept the labels the API server accepts."""
+    prefix, slash, name = key.rpartition("/")
+    if slash and not (len(prefix) <= 253 and DNS_SUBDOMAIN_RE.fullmatch(prefix)):
+        return "the key's prefix must be a DNS-1123 subdomain"
+    if len(name) > LABEL_NAME_MAX or not LABEL_NAME_RE.fullmatch(name):
+        return (
+            "the key's name must be 1-63 letters, digits, '-', '_' or '.', beginning and "
+            "ending with a letter or digit"
+        )
+    if value and (len(value) > LABEL_NAME_MAX or not LABEL_NAME_RE.fullmatch(value)):
+        return (
+            "must be at most 63 letters, digits, '-', '_' or '.', beginning and ending "
+            "with a letter or digit"
+        )
+    if key == POSEIDON_ENVIRONMENT_LABEL and not is_environment_id(value):
+        return "must be an execution environment ID: a decimal number without leading zeros"
+    return None
+
+
+def is_environment_id(text: str) -> bool:
+    return bool(ENVIRONMENT_ID_RE.fullmatch(text)) and int(text) <= ENVIRONMENT_ID_MAX
+
+
 class ObjectMeta(BaseModel):
     """The part of Kubernetes metadata poolkeeper reads; other keys are ignored."""
 
@@ -113,6 +147,7 @@ class ObjectMeta(BaseModel):
 
     name: Annotated[StrictStr, Field(min_length=1, max_length=253)]
     namespace: Annotated[StrictStr, Field(min_length=1, max_length=63)] = "default"
+    labels: dict[StrictStr, StrictStr] = Field(default_factory=dict)
 
     @field_validator("name")
     @classmethod
@@ -129,6 +164,20 @@ class ObjectMeta(BaseModel):
     def _namespace_is_label(cls, value: str) -> str:
         if not DNS_LABEL_RE.fullmatch(value):
             raise _invalid("must be a DNS-1123 label (lowercase letters, digits and '-')")
+        return value
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _null_labels_are_none(cls, value: Any) -> Any:
+        return {} if value is None else value  # `labels:` with nothing under it
+
+    @field_validator("labels")
+    @classmethod
+    def _labels_valid(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, label in value.items():
+            problem = label_problem(key, label)
+            if problem is not None:
+                raise _invalid(problem, key)
         return value
 
 
@@ -358,6 +407,12 @@ class RunnerPool(_Model):
     @property
     def nomad_namespace(self) -> str:
         return self.spec.nomad.namespace
+
+    @property
+    def poseidon_environment(self) -> int | None:
+        """The Poseidon execution environment the pool serves (its label), if any."""
+        label = self.metadata.labels.get(POSEIDON_ENVIRONMENT_LABEL)
+        return None if label is None else int(label)
 
 
 def derive_job_prefix(name: str) -> str:

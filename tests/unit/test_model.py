@@ -119,7 +119,7 @@ def test_models_are_frozen() -> None:
         p.spec.idle_runners = 3
 
 
-def test_kubernetes_metadata_and_status_are_ignored() -> None:
+def test_kubernetes_metadata_other_than_labels_and_status_are_ignored() -> None:
     doc = document(
         **{
             "metadata.uid": "1234",
@@ -131,6 +131,46 @@ def test_kubernetes_metadata_and_status_are_ignored() -> None:
         }
     )
     assert RunnerPool.parse_document(doc).metadata.name == "python-312"
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        {"app": "x", "example.com/team": "a-b_c.d", "empty": ""},
+        {"poolkeeper.dev/poseidon-environment": "0"},
+        {"poolkeeper.dev/poseidon-environment": str(2**63 - 1)},
+        None,  # `labels:` with nothing under it
+    ],
+)
+def test_labels_kubernetes_accepts(labels: dict[str, str] | None) -> None:
+    assert pool(**{"metadata.labels": labels}).metadata.labels == (labels or {})
+
+
+@pytest.mark.parametrize(
+    ("labels", "message"),
+    [
+        ({"app": 5}, "input should be a valid string"),
+        ({"a b": "x"}, "the key's name must be"),
+        ({"Example.COM/x": "y"}, "the key's prefix must be a DNS-1123 subdomain"),
+        ({"x" * 64: "y"}, "the key's name must be"),
+        ({"app": "-x"}, "must be at most 63 letters"),
+        ({"app": "x" * 64}, "must be at most 63 letters"),
+        ({"poolkeeper.dev/poseidon-environment": "010"}, "an execution environment ID"),
+        ({"poolkeeper.dev/poseidon-environment": "ten"}, "an execution environment ID"),
+        ({"poolkeeper.dev/poseidon-environment": str(2**63)}, "an execution environment ID"),
+        ({"poolkeeper.dev/poseidon-environment": ""}, "an execution environment ID"),
+    ],
+)
+def test_labels_name_the_bad_one(labels: dict[str, Any], message: str) -> None:
+    (error,) = errors_of(document(**{"metadata.labels": labels}))
+    assert error.path == f"metadata.labels.{next(iter(labels))}"
+    assert message in error.message
+
+
+def test_the_poseidon_environment_label_names_the_environment() -> None:
+    assert pool().poseidon_environment is None
+    labelled = pool(**{"metadata.labels": {"poolkeeper.dev/poseidon-environment": "10"}})
+    assert labelled.poseidon_environment == 10
 
 
 def test_api_version_and_kind_are_required_in_documents() -> None:
