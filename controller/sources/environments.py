@@ -1,0 +1,440 @@
+"""Poseidon execution environments as pools, and the third pool source: environments kept
+in Nomad (`--poseidon-environments managed`), beside pool files and RunnerPool resources.
+
+Environment N is the variable `poolkeeper/environments/N` in the controller's own Nomad
+namespace; its items are the environment's fields as Poseidon names them (strings). Its
+pool is the environment template (a RunnerPool document without the fields an
+environment sets) with those fields filled in, named `environment-N`, labelled
+`poolkeeper.dev/poseidon-environment: "N"`. Every process reads the variables again on
+each resync (`refresh`, called by the service) and registers their pools with the engine
+as it does file pools, so leases, rollouts and drains work the same; an environment
+removed from Nomad is drained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+from pydantic import ValidationError
+
+from controller.engine.engine import Engine
+from controller.model import (
+    API_VERSION,
+    KIND,
+    POSEIDON_ENVIRONMENT_LABEL,
+    NetworkMode,
+    RunnerPool,
+    is_environment_id,
+    validation_errors,
+)
+from controller.nomad.errors import NomadConflict
+from controller.nomad.port import Variables
+from controller.sources.registration import removal
+
+log = logging.getLogger(__name__)
+
+ENVIRONMENTS_PREFIX: Final = "poolkeeper/environments/"
+DEFAULT_NAMESPACE: Final = "poseidon"
+CAS_ATTEMPTS: Final = 5
+
+# What each environment sets, so an environment template may not (document paths).
+ENVIRONMENT_FIELDS: Final = (
+    "metadata.name",
+    "spec.idleRunners",
+    "spec.runner.image",
+    "spec.runner.cpu",
+    "spec.runner.memoryMaxMB",
+    "spec.runner.network",
+    "spec.runner.ports",
+    "spec.nomad.jobPrefix",  # each environment has its own: environment-N-
+    "spec.deletionPolicy",  # deleting an environment drains it
+)
+# A pool field's name in Poseidon's words, for the errors of a PUT.
+_POSEIDON_NAMES: Final = {
+    "spec.idleRunners": "prewarmingPoolSize",
+    "spec.runner.image": "image",
+    "spec.runner.cpu": "cpuLimit",
+    "spec.runner.memoryMB": "memoryLimit",
+    "spec.runner.memoryMaxMB": "memoryLimit",
+    "spec.runner.ports": "exposedPorts",
+}
+
+
+class EnvironmentInvalid(ValueError):
+    """An environment that makes no valid pool; the message names the field."""
+
+
+class EnvironmentTaken(ValueError):
+    """An environment whose pool key a pool of another source (files, resources) holds."""
+
+
+@dataclass(frozen=True)
+class Environment:
+    """An execution environment as Poseidon describes it."""
+
+    id: int
+    prewarming_pool_size: int
+    cpu_limit: int
+    memory_limit: int
+    image: str
+    network_access: bool
+    exposed_ports: tuple[int, ...] = ()
+
+    @property
+    def ports(self) -> tuple[int, ...]:
+        """The ports that are exposed: sorted, once each, and only with network access
+        (Poseidon ignores them without)."""
+        return tuple(sorted(set(self.exposed_ports))) if self.network_access else ()
+
+    def differences(self, other: Environment) -> list[str]:
+        """How `other` differs from this one, field by field in Poseidon's names."""
+        fields = (
+            ("image", self.image, other.image),
+            ("cpuLimit", self.cpu_limit, other.cpu_limit),
+            ("memoryLimit", self.memory_limit, other.memory_limit),
+            ("networkAccess", self.network_access, other.network_access),
+            ("exposedPorts", list(self.ports), list(other.ports)),
+            ("prewarmingPoolSize", self.prewarming_pool_size, other.prewarming_pool_size),
+        )
+        return [
+            f"{name} is {json.dumps(ours)}, not {json.dumps(theirs)}"
+            for name, ours, theirs in fields
+            if ours != theirs
+        ]
+
+    def items(self) -> dict[str, str]:
+        """The environment as the items of its Nomad variable."""
+        return {
+            "image": self.image,
+            "prewarmingPoolSize": str(self.prewarming_pool_size),
+            "cpuLimit": str(self.cpu_limit),
+            "memoryLimit": str(self.memory_limit),
+            "networkAccess": "true" if self.network_access else "false",
+            "exposedPorts": ",".join(str(port) for port in self.exposed_ports),
+        }
+
+    @classmethod
+    def from_items(cls, env_id: int, items: Mapping[str, Any]) -> Environment:
+        """The environment a variable holds; ValueError when an item is missing or bad."""
+
+        def number(name: str) -> int:
+            text = items.get(name)
+            if not isinstance(text, str) or not text.isdigit():
+                raise ValueError(f"item {name} must be a decimal number, not {text!r}")
+            return int(text)
+
+        image, network, ports = (
+            items.get("image"),
+            items.get("networkAccess"),
+            items.get("exposedPorts", ""),
+        )
+        if not isinstance(image, str):
+            raise ValueError("item image is missing")
+        if network not in ("true", "false"):
+            raise ValueError(f"item networkAccess must be true or false, not {network!r}")
+        if not isinstance(ports, str) or not all(p.isdigit() for p in ports.split(",") if ports):
+            raise ValueError(
+                f"item exposedPorts must be decimal ports separated by commas, not {ports!r}"
+            )
+        return cls(
+            id=env_id,
+            prewarming_pool_size=number("prewarmingPoolSize"),
+            cpu_limit=number("cpuLimit"),
+            memory_limit=number("memoryLimit"),
+            image=image,
+            network_access=network == "true",
+            exposed_ports=tuple(int(p) for p in ports.split(",")) if ports else (),
+        )
+
+
+def environment_of(pool: RunnerPool) -> Environment | None:
+    """The environment a pool serves, as Poseidon would describe it (None: unlabelled).
+    `memoryLimit` is the hard limit: `memoryMaxMB` when set, else `memoryMB`."""
+    env_id = pool.poseidon_environment
+    if env_id is None:
+        return None
+    runner = pool.spec.runner
+    return Environment(
+        id=env_id,
+        prewarming_pool_size=pool.spec.idle_runners,
+        cpu_limit=runner.cpu,
+        memory_limit=runner.memory_max_mb or runner.memory_mb,
+        image=runner.image,
+        network_access=runner.network is NetworkMode.BRIDGE,
+        exposed_ports=tuple(runner.ports),
+    )
+
+
+class EnvironmentTemplate:
+    """What every managed environment's pool has beside the environment's own fields: a
+    RunnerPool document (its metadata.namespace, its spec) without ENVIRONMENT_FIELDS."""
+
+    def __init__(
+        self, document: Mapping[str, Any], source: str = "the environment template"
+    ) -> None:
+        self._document = copy.deepcopy(dict(document))
+        for path in ENVIRONMENT_FIELDS:
+            if _lookup(self._document, path) is not None:
+                raise EnvironmentInvalid(
+                    f"{source}: {path} is set by each environment; leave it out"
+                )
+        labels = _lookup(self._document, "metadata.labels")
+        if isinstance(labels, Mapping) and POSEIDON_ENVIRONMENT_LABEL in labels:
+            raise EnvironmentInvalid(
+                f"{source}: metadata.labels.{POSEIDON_ENVIRONMENT_LABEL} is set by each environment"
+            )
+        # The rest must make a valid pool: checked once here, on a sample environment.
+        reservation = _lookup(self._document, "spec.runner.memoryMB")
+        sample_memory = max(reservation, 128) if isinstance(reservation, int) else 128
+        try:
+            self.pool_for(Environment(0, 0, 100, sample_memory, "image", False))
+        except EnvironmentInvalid as error:
+            raise EnvironmentInvalid(f"{source}: {error}") from None
+
+    @classmethod
+    def read(cls, path: Path) -> EnvironmentTemplate:
+        """The template in a YAML file; EnvironmentInvalid names what is wrong."""
+        try:
+            document = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+            raise EnvironmentInvalid(f"{path}: {error}") from None
+        if not isinstance(document, Mapping):
+            raise EnvironmentInvalid(f"{path}: must be a RunnerPool document (a mapping)")
+        return cls(document, str(path))
+
+    @property
+    def namespace(self) -> str:
+        namespace = _lookup(self._document, "metadata.namespace")
+        return namespace if isinstance(namespace, str) else DEFAULT_NAMESPACE
+
+    def key(self, env_id: int) -> str:
+        return f"{self.namespace}/{pool_name(env_id)}"
+
+    def pool_for(self, environment: Environment) -> RunnerPool:
+        """The environment's pool; EnvironmentInvalid names the field (in Poseidon's
+        words when it is the environment's) that makes it invalid."""
+        document = copy.deepcopy(self._document)
+        document.update(apiVersion=API_VERSION, kind=KIND)
+        metadata = dict(document.get("metadata") or {})
+        labels = dict(metadata.get("labels") or {})
+        labels[POSEIDON_ENVIRONMENT_LABEL] = str(environment.id)
+        metadata.update(name=pool_name(environment.id), namespace=self.namespace, labels=labels)
+        spec = dict(document.get("spec") or {})
+        runner = dict(spec.get("runner") or {})
+        runner.update(
+            image=environment.image,
+            cpu=environment.cpu_limit,
+            network=(NetworkMode.BRIDGE if environment.network_access else NetworkMode.NONE).value,
+            ports=list(environment.ports),
+        )
+        # Poseidon's memoryLimit is the hard limit; a smaller memoryMB of the template is
+        # what Nomad reserves (oversubscription).
+        reservation = runner.get("memoryMB")
+        if isinstance(reservation, int) and reservation < environment.memory_limit:
+            runner["memoryMaxMB"] = environment.memory_limit
+        else:
+            runner["memoryMB"] = environment.memory_limit
+        spec.update(idleRunners=environment.prewarming_pool_size, runner=runner)
+        document.update(metadata=metadata, spec=spec)
+        try:
+            return RunnerPool.parse_document(document)
+        except ValidationError as error:
+            problems = (
+                f"{_poseidon_path(problem.path)}: {problem.message}"
+                for problem in validation_errors(error)
+            )
+            raise EnvironmentInvalid("; ".join(problems)) from None
+
+
+def _poseidon_path(path: str) -> str:
+    """A pool field's path in Poseidon's words where an environment sets it."""
+    field, bracket, index = path.partition("[")
+    name = _POSEIDON_NAMES.get(field)
+    return name + bracket + index if name is not None else path
+
+
+def pool_name(env_id: int) -> str:
+    return f"environment-{env_id}"
+
+
+def _lookup(document: Mapping[str, Any], path: str) -> Any:
+    value: Any = document
+    for part in path.split("."):
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(part)
+    return value
+
+
+@dataclass(frozen=True)
+class _Stored:
+    """One environment variable as last read: its index, and the pool that runs for it
+    (the last valid one; None if it never made a valid pool)."""
+
+    modify_index: int
+    environment: Environment | None
+    pool: RunnerPool | None
+
+
+class EnvironmentStore:
+    """The managed environments: kept in Nomad, registered with the engine as pools.
+
+    `active` says whether this process registers pools at all (a passive operator replica
+    does not); registration is level-triggered, so a replica that becomes active
+    registers every environment on its next refresh.
+    """
+
+    def __init__(
+        self,
+        port: Variables,
+        namespace: str,
+        template: EnvironmentTemplate,
+        engine: Engine,
+        *,
+        active: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self._port = port
+        self._namespace = namespace
+        self.template = template
+        self._engine = engine
+        self._active = active
+        self._stored: dict[int, _Stored] = {}
+        self._lock = asyncio.Lock()  # a refresh never applies a read older than a write
+        self._warned: set[tuple[str, int]] = set()
+        self._registered: set[str] = set()  # keys this store gave the engine
+
+    @property
+    def keys(self) -> frozenset[str]:
+        """The keys of the pools that run for managed environments."""
+        return frozenset(s.pool.key for s in self._stored.values() if s.pool is not None)
+
+    # ---- reading ---------------------------------------------------------------------
+
+    async def refresh(self) -> None:
+        """Read the environments from Nomad (only changed variables are read again) and
+        make the engine hold their pools. A failed read changes nothing."""
+        async with self._lock:
+            listed = await self._port.list_variables(ENVIRONMENTS_PREFIX, self._namespace)
+            found: dict[int, _Stored] = {}
+            for meta in listed:
+                path = str(meta.get("Path", ""))
+                suffix = path.removeprefix(ENVIRONMENTS_PREFIX)
+                if not is_environment_id(suffix):
+                    self._warn_once(path, 0, "not an environment ID; ignored")
+                    continue
+                env_id, index = int(suffix), int(meta.get("ModifyIndex", 0))
+                known = self._stored.get(env_id)
+                if known is not None and known.modify_index == index:
+                    found[env_id] = known
+                    continue
+                variable = await self._port.read_variable(path, self._namespace)
+                if variable is not None:
+                    found[env_id] = self._read(env_id, path, variable, known)
+            for env_id in self._stored.keys() - found.keys():
+                self._remove(self._stored[env_id])
+            self._stored = found
+            self._register()
+
+    def _read(
+        self, env_id: int, path: str, variable: Mapping[str, Any], known: _Stored | None
+    ) -> _Stored:
+        index = int(variable.get("ModifyIndex", 0))
+        try:
+            environment = Environment.from_items(env_id, variable.get("Items") or {})
+            pool = self.template.pool_for(environment)
+        except ValueError as error:  # EnvironmentInvalid too
+            kept = known.pool if known is not None else None
+            what = "keeping its last valid pool" if kept is not None else "not served"
+            self._warn_once(path, index, f"{error}; {what}")
+            return _Stored(index, known.environment if known is not None else None, kept)
+        return _Stored(index, environment, pool)
+
+    def _warn_once(self, path: str, index: int, message: str) -> None:
+        if (path, index) not in self._warned:
+            self._warned.add((path, index))
+            log.warning("Poseidon environment %s: %s", path, message)
+
+    # ---- writing -----------------------------------------------------------------------
+
+    async def put(self, environment: Environment) -> bool:
+        """Create or replace an environment; True when it was created. Raises
+        EnvironmentInvalid (nothing written) when it makes no valid pool."""
+        pool = self.template.pool_for(environment)
+        if self._held_elsewhere(pool.key):
+            raise EnvironmentTaken(f"pool {pool.key} is defined by the pool files or a resource")
+        path = ENVIRONMENTS_PREFIX + str(environment.id)
+        async with self._lock:
+            for _ in range(CAS_ATTEMPTS):
+                current = await self._port.read_variable(path, self._namespace)
+                index = int(current.get("ModifyIndex", 0)) if current is not None else 0
+                try:
+                    stored = await self._port.put_variable(
+                        path, environment.items(), self._namespace, cas=index
+                    )
+                except NomadConflict:
+                    continue  # written meanwhile by another replica: read it again
+                new_index = int(stored.get("ModifyIndex", 0))
+                self._stored[environment.id] = _Stored(new_index, environment, pool)
+                self._register()
+                return index == 0
+        raise NomadConflict(f"{path} changed {CAS_ATTEMPTS} times while being written")
+
+    async def delete(self, env_id: int) -> bool:
+        """Remove an environment (its pool drains); False when there is none."""
+        path = ENVIRONMENTS_PREFIX + str(env_id)
+        async with self._lock:
+            for _ in range(CAS_ATTEMPTS):
+                current = await self._port.read_variable(path, self._namespace)
+                if current is None:
+                    gone = self._stored.pop(env_id, None)
+                    if gone is not None:
+                        self._remove(gone)
+                    return False
+                try:
+                    await self._port.delete_variable(
+                        path, self._namespace, cas=int(current.get("ModifyIndex", 0))
+                    )
+                except NomadConflict:
+                    continue
+                gone = self._stored.pop(env_id, None)
+                if gone is not None:
+                    self._remove(gone)
+                return True
+        raise NomadConflict(f"{path} changed {CAS_ATTEMPTS} times while being deleted")
+
+    # ---- the engine --------------------------------------------------------------------
+
+    def _register(self) -> None:
+        """Make the engine hold each environment's pool as it is now."""
+        if not self._active():
+            return
+        for stored in self._stored.values():
+            pool = stored.pool
+            if pool is None:
+                continue
+            if self._held_elsewhere(pool.key):
+                self._warn_once(pool.key, stored.modify_index, "its pool is defined elsewhere")
+                continue
+            view = self._engine.pools.get(pool.key)
+            if view is None or view.pool != pool or not view.active:
+                self._engine.upsert_pool(pool)
+                self._registered.add(pool.key)
+
+    def _held_elsewhere(self, key: str) -> bool:
+        view = self._engine.pools.get(key)
+        return view is not None and view.active and key not in self._registered
+
+    def _remove(self, stored: _Stored) -> None:
+        pool = stored.pool
+        if pool is not None and pool.key in self._registered and self._active():
+            log.info("Poseidon environment removed: draining pool %s", pool.key)
+            self._engine.remove_pool(pool.key, *removal(pool, self._engine.clock()))
+            self._registered.discard(pool.key)
