@@ -68,6 +68,33 @@ def _controller_options(command: argparse.ArgumentParser, listen: str) -> None:
         metavar="FILE",
         help="the certificate's private key; both are read again on SIGHUP and when they change",
     )
+    poseidon = command.add_argument_group("Poseidon API (docs/poseidon.md)")
+    poseidon.add_argument(
+        "--poseidon-api",
+        action="store_true",
+        help="also serve openHPI Poseidon's REST API v1 under /api/v1/ (for CodeOcean)",
+    )
+    poseidon.add_argument(
+        "--poseidon-environments",
+        choices=("readonly", "managed"),
+        default="readonly",
+        help="readonly: execution environments are the pools labelled "
+        "poolkeeper.dev/poseidon-environment, PUT only checks them; managed: PUT and DELETE "
+        "keep environments in Nomad, a pool each (readonly)",
+    )
+    poseidon.add_argument(
+        "--poseidon-environment-template",
+        metavar="FILE",
+        help="managed: a RunnerPool document every environment's pool starts from",
+    )
+    poseidon.add_argument(
+        "--poseidon-depleting-threshold",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="/api/v1/health answers 503 when an environment has fewer idle runners than "
+        "this share of its prewarming pool size; 0 never (0)",
+    )
     auth = command.add_mutually_exclusive_group()
     auth.add_argument(
         "--api-token-file",

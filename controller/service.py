@@ -4,6 +4,7 @@ The two front doors differ only in where pools come from."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import functools
 import logging
@@ -11,8 +12,8 @@ import os
 import socket
 import ssl
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
@@ -38,6 +39,18 @@ from controller.nomad.client import NomadClient
 from controller.nomad.config import ConfigError, NomadConfig
 from controller.nomad.errors import NomadError
 from controller.nomad.events import EventWatcher
+from controller.poseidon.app import PREFIX as POSEIDON_PREFIX
+from controller.poseidon.app import (
+    EnvironmentMode,
+    Poseidon,
+    PoseidonSettings,
+    create_poseidon_app,
+)
+from controller.sources.environments import (
+    EnvironmentInvalid,
+    EnvironmentStore,
+    EnvironmentTemplate,
+)
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +106,29 @@ class ServiceSettings:
     lease_ttl_seconds: float = DEFAULT_TTL_SECONDS
     tls_cert: Path | None = None  # serve the API over HTTPS with this certificate
     tls_key: Path | None = None
+    poseidon: PoseidonSettings = field(default_factory=PoseidonSettings)  # --poseidon-api
+
+
+def poseidon_settings(args: argparse.Namespace) -> PoseidonSettings:
+    """--poseidon-api and the options that go with it."""
+    enabled, environments = args.poseidon_api, args.poseidon_environments
+    threshold, template = args.poseidon_depleting_threshold, args.poseidon_environment_template
+    if not 0 <= threshold <= 1:
+        raise UsageError(f"--poseidon-depleting-threshold {threshold:g} is not between 0 and 1")
+    mode = EnvironmentMode(environments)
+    if template is not None and mode is not EnvironmentMode.MANAGED:
+        raise UsageError("--poseidon-environment-template needs --poseidon-environments managed")
+    if not enabled and (mode is EnvironmentMode.MANAGED or threshold or template):
+        raise UsageError("the --poseidon-* options need --poseidon-api")
+    return PoseidonSettings(enabled, mode, threshold, Path(template) if template else None)
+
+
+def environment_template(path: Path | None) -> EnvironmentTemplate:
+    """The managed environments' template (the RunnerPool defaults without a file)."""
+    try:
+        return EnvironmentTemplate.read(path) if path is not None else EnvironmentTemplate({})
+    except EnvironmentInvalid as error:
+        raise UsageError(f"--poseidon-environment-template {error}") from None
 
 
 def tls_files(cert: str | None, key: str | None) -> tuple[Path | None, Path | None]:
@@ -113,6 +149,39 @@ def server_tls(cert: Path, key: Path, context: ssl.SSLContext | None = None) -> 
     return context
 
 
+class Periodic:
+    """Runs `step` in a task of its own every `seconds` (read when it is due, so tests
+    may change it), the first time at once with `at_once`, until stopped."""
+
+    def __init__(
+        self,
+        name: str,
+        seconds: Callable[[], float],
+        step: Callable[[], Awaitable[None]],
+        *,
+        at_once: bool = False,
+    ) -> None:
+        self._name, self._seconds, self._step, self._at_once = name, seconds, step, at_once
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=self._name)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        if not self._at_once:
+            await asyncio.sleep(self._seconds())
+        while True:
+            await self._step()
+            await asyncio.sleep(self._seconds())
+
+
 class FileWatch:
     """Notices when files change (size, modification time, or the file behind a link, as
     when Kubernetes rotates a mounted Secret), checked every POLL_SECONDS."""
@@ -123,7 +192,7 @@ class FileWatch:
         self._paths = paths
         self._on_change = on_change
         self._seen = self._stamp()
-        self._task: asyncio.Task[None] | None = None
+        self._periodic = Periodic("file watch", lambda: self.POLL_SECONDS, self._check)
 
     def _stamp(self) -> list[tuple[int, int, int] | None]:
         stamps: list[tuple[int, int, int] | None] = []
@@ -137,22 +206,17 @@ class FileWatch:
         return stamps
 
     def start(self) -> None:
-        if self._paths and self._task is None:
-            self._task = asyncio.create_task(self._follow(), name="file watch")
+        if self._paths:
+            self._periodic.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self._periodic.stop()
 
-    async def _follow(self) -> None:
-        while True:
-            await asyncio.sleep(self.POLL_SECONDS)
-            stamp = self._stamp()
-            if stamp != self._seen:
-                self._seen = stamp
-                self._on_change()
+    async def _check(self) -> None:
+        stamp = self._stamp()
+        if stamp != self._seen:
+            self._seen = stamp
+            self._on_change()
 
 
 def read_api_tokens(token_file: Path | None) -> list[Token]:
@@ -213,6 +277,24 @@ class Service:
             lease_ttl_seconds=settings.lease_ttl_seconds,
         )
         self.claims = ClaimService(self.engine)
+        poseidon = settings.poseidon
+        self.environments = (
+            EnvironmentStore(
+                self.client,
+                nomad.namespace or "default",
+                environment_template(poseidon.environment_template),
+                self.engine,
+                active=self.registers_pools,
+            )
+            if poseidon.enabled and poseidon.environments is EnvironmentMode.MANAGED
+            else None
+        )
+        self._environment_refresh = Periodic(
+            "poseidon environments",
+            lambda: settings.resync_seconds,
+            self._refresh_environments,
+            at_once=True,
+        )
         self.tokens = TokenSet(
             None if settings.insecure_no_auth else read_api_tokens(settings.token_file)
         )
@@ -227,10 +309,19 @@ class Service:
         """Who holds a pool's lease, as other processes read it: host and process."""
         return f"{socket.gethostname()}/{os.getpid()}"
 
+    def registers_pools(self) -> bool:
+        """Whether this process gives the engine pools now (a passive operator replica
+        does not)."""
+        return True
+
     async def serve_api(self, ready: Callable[[], list[str]]) -> str:
         """Start the one listener for API, health and metrics; returns its URL."""
         sys.setswitchinterval(GIL_SWITCH_SECONDS)
         app = create_app(self.engine, self.metrics, self.tokens, ready, self.claims)
+        poseidon = self.service_settings.poseidon
+        if poseidon.enabled:
+            context = Poseidon(self.engine, self.claims, self.tokens, poseidon, self.environments)
+            app.add_subapp(POSEIDON_PREFIX + "/", create_poseidon_app(context))
         self._runner = web.AppRunner(
             app, access_log=None, keepalive_timeout=HTTP_IDLE_TIMEOUT_SECONDS
         )
@@ -259,6 +350,38 @@ class Service:
                 self.url,
             )
         return self.url
+
+    async def start_environments(self, *, first_read: bool = False) -> None:
+        """Follow the managed Poseidon environments in Nomad. With `first_read`, return
+        only once they have been read (retrying while Nomad does not answer): before
+        --prune may take their runners for orphans."""
+        if self.environments is None:
+            return
+        delay = 1.0
+        while first_read:
+            try:
+                await self.environments.refresh()
+            except NomadError as error:
+                log.warning(
+                    "cannot read the Poseidon environments yet, retrying in %.0f s: %s",
+                    delay,
+                    error,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+            else:
+                break
+        self._environment_refresh.start()
+
+    async def stop_environments(self) -> None:
+        await self._environment_refresh.stop()
+
+    async def _refresh_environments(self) -> None:
+        assert self.environments is not None  # only started with managed environments
+        try:
+            await self.environments.refresh()
+        except NomadError as error:
+            log.warning("cannot read the Poseidon environments from Nomad: %s", error)
 
     async def resume_drains(self, keep_going: Callable[[], bool] = lambda: True) -> None:
         """Take up the drains recorded in Nomad. Nomad may well be down when a controller
@@ -318,6 +441,7 @@ class Service:
     async def close(self) -> None:
         """Stop everything; never destroys runners (Nomad keeps them)."""
         await self._file_watch.stop()
+        await self.stop_environments()
         await self.stop_watchers()
         await self.engine.stop()
         await self.claims.drain()

@@ -21,6 +21,7 @@ from controller.service import (
     lease_ttl,
     nomad_config_from_env,
     parse_listen,
+    poseidon_settings,
     start_logging,
     tls_files,
 )
@@ -51,6 +52,7 @@ class Controller(Service):
     async def start(self) -> str:
         self.load_pools(initial=True)
         url = await self.serve_api(self.engine.ready)
+        await self.start_environments(first_read=self.settings.prune)
         if self.settings.reconcile:
             self._resuming = asyncio.create_task(self.resume_drains())
         await self.engine.start()
@@ -130,6 +132,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         lease_ttl_seconds=lease_ttl(args.lease_ttl_seconds),
         tls_cert=tls_cert,
         tls_key=tls_key,
+        poseidon=poseidon_settings(args),
     )
 
 

@@ -17,6 +17,7 @@ from controller.service import (
     ServiceSettings,
     lease_ttl,
     parse_listen,
+    poseidon_settings,
     tls_files,
 )
 
@@ -72,6 +73,7 @@ def options_from_args(args: argparse.Namespace) -> OperatorOptions:
         lease_ttl_seconds=lease_ttl(args.lease_ttl_seconds),
         tls_cert=tls_cert,
         tls_key=tls_key,
+        poseidon=poseidon_settings(args),
     )
 
 

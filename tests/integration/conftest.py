@@ -18,6 +18,7 @@ from controller.engine.engine import Clock
 from controller.lab.invariants import NomadJob, PoolSnapshot, check_invariants
 from controller.lab.simulator import SimServer, Simulator, start_sim
 from controller.nomad.config import NomadConfig
+from controller.poseidon.app import PoseidonSettings
 from controller.standalone import Controller, Settings
 from tests.support.waiting import wait_until
 
@@ -73,9 +74,11 @@ class Harness:
         prune: bool = False,
         allow_empty: bool = False,
         clock: Clock = utcnow,
+        poseidon: PoseidonSettings | None = None,
+        tokens_text: str = TOKEN + "\n",
     ) -> Controller:
         tokens = self.tmp_path / "tokens"
-        tokens.write_text(TOKEN + "\n")
+        tokens.write_text(tokens_text)
         settings = Settings(
             pools_path=pools_file,
             listen=("127.0.0.1", 0),
@@ -84,6 +87,7 @@ class Harness:
             reconcile=reconcile,
             prune=prune,
             allow_empty=allow_empty,
+            poseidon=poseidon or PoseidonSettings(),
         )
         controller = Controller(
             settings, NomadConfig.from_env({"NOMAD_ADDR": self.server.url}), clock=clock

@@ -20,3 +20,36 @@ def test_runs_as_a_module():
     )
     assert result.returncode == 0
     assert "poolkeeper" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--poseidon-environments", "managed"], "the --poseidon-* options need --poseidon-api"),
+        (
+            ["--poseidon-api", "--poseidon-depleting-threshold", "1.5"],
+            "--poseidon-depleting-threshold 1.5 is not between 0 and 1",
+        ),
+        (
+            ["--poseidon-api", "--poseidon-environment-template", "t.yaml"],
+            "--poseidon-environment-template needs --poseidon-environments managed",
+        ),
+        (
+            [
+                "--poseidon-api", "--poseidon-environments", "managed",
+                "--poseidon-environment-template", "{template}",
+            ],
+            "--poseidon-environment-template {template}: spec.idleRunners is set by each "
+            "environment; leave it out",
+        ),
+    ],
+)  # fmt: skip
+def test_poseidon_options_that_do_not_fit_are_usage_errors(tmp_path, capsys, options, message):
+    pools = tmp_path / "pools.yaml"
+    pools.write_text("")
+    template = tmp_path / "template.yaml"
+    template.write_text("spec: {idleRunners: 3}\n")
+    argv = [o.format(template=template) for o in options]
+    code = main(["run", "--pools", str(pools), "--insecure-no-auth", *argv])
+    assert code == EXIT_USAGE
+    assert capsys.readouterr().err == f"poolkeeper run: {message.format(template=template)}\n"

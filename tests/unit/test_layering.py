@@ -5,8 +5,12 @@
 - the product never imports the lab (controller.lab: simulator, demo, bench, chaos);
   the CLI names the lab's commands by module path and loads them only when one runs;
 - only controller/operator imports kopf;
-- the engine and the claim protocol know nothing of the front doors (api, operator,
-  sources, service, standalone).
+- the engine and the claim protocol know nothing of the front doors (api, poseidon,
+  operator, sources, service, standalone);
+- the Poseidon API (controller/poseidon) is thin over the engine, the claims and the pool
+  sources: it reaches Nomad only through them (of controller.nomad it may name only the
+  errors), and of the other front doors it uses only the API tokens (controller.api.auth);
+  the poolkeeper API does not import it.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ PACKAGE = ROOT / "controller"
 CORE_LIBRARIES = frozenset({"croniter"})
 FRONT_DOORS = (
     "controller.api",
+    "controller.poseidon",
     "controller.operator",
     "controller.sources",
     "controller.service",
@@ -72,7 +77,27 @@ def violations(package_root: Path) -> list[str]:
                 imported, *FRONT_DOORS
             ):
                 found.append(f"{module} imports a front door: {imported}")
+            found += poseidon_violations(module, imported)
     return found
+
+
+# What the Poseidon API may use of the modules it must not reach into.
+POSEIDON_MAY_USE = frozenset({"controller.nomad.errors", "controller.api.auth"})
+
+
+def poseidon_violations(module: str, imported: str) -> list[str]:
+    if within(module, "controller.api") and within(imported, "controller.poseidon"):
+        return [f"{module} (the poolkeeper API) imports the Poseidon API: {imported}"]
+    if not within(module, "controller.poseidon") or imported in POSEIDON_MAY_USE:
+        return []
+    if within(imported, "controller.nomad"):
+        return [f"{module} (Poseidon API) reaches Nomad directly: {imported}"]
+    others = [
+        door for door in FRONT_DOORS if door not in ("controller.poseidon", "controller.sources")
+    ]
+    if within(imported, *others):
+        return [f"{module} (Poseidon API) imports another front door: {imported}"]
+    return []
 
 
 def test_the_layering_holds() -> None:
@@ -108,6 +133,29 @@ def test_the_layering_holds() -> None:
             "from controller.api.app import create_app\n",
             "controller.claims.bad imports a front door: controller.api.app",
         ),
+        (
+            "engine/bad.py",
+            "from controller.poseidon.app import Poseidon\n",
+            "controller.engine.bad imports a front door: controller.poseidon.app",
+        ),
+        (
+            "poseidon/bad.py",
+            "from controller.nomad.client import NomadClient\n",
+            "controller.poseidon.bad (Poseidon API) reaches Nomad directly: "
+            "controller.nomad.client",
+        ),
+        (
+            "poseidon/bad.py",
+            "from controller.api.routes import ROUTES\n",
+            "controller.poseidon.bad (Poseidon API) imports another front door: "
+            "controller.api.routes",
+        ),
+        (
+            "api/bad.py",
+            "import controller.poseidon.app\n",
+            "controller.api.bad (the poolkeeper API) imports the Poseidon API: "
+            "controller.poseidon.app",
+        ),
     ],
 )
 def test_the_check_catches_a_broken_layer(
@@ -119,5 +167,11 @@ def test_the_check_catches_a_broken_layer(
     (root / "core").mkdir(exist_ok=True)
     (root / "core" / "fine.py").write_text(
         "import dataclasses\nfrom croniter import croniter\nfrom controller.core import x\n"
+    )
+    (root / "poseidon").mkdir(exist_ok=True)
+    (root / "poseidon" / "fine.py").write_text(
+        "from controller.api.auth import Scope\nfrom controller.nomad.errors import NomadError\n"
+        "from controller.claims.service import ClaimService\n"
+        "from controller.sources.environments import EnvironmentStore\n"
     )
     assert violations(root) == [expected]

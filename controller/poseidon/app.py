@@ -1,0 +1,372 @@
+"""The Poseidon API as an aiohttp application, mounted under `/api/v1/` beside the
+poolkeeper API: its routes, its `Poseidon-Token` check and its answers.
+
+As Poseidon's router does: an unknown path is 404 and a wrong method 405, both with an
+empty body and before any token is checked; every route but `/health` and `/version`
+needs the token (401, empty body, without one). A token's scope (docs/reference.md,
+"API tokens") limits the environments it sees: one outside it is unknown (404 for
+environments, 410 for their runners), as Poseidon has no 403.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Final
+
+from aiohttp import web
+
+from controller import __version__
+from controller.api.auth import EVERY_POOL, SCOPE_KEY, Handler, Scope, TokenSet, scope
+from controller.claims.service import ClaimRequest, ClaimService
+from controller.core.gojson import go_bool, go_int
+from controller.core.times import parse_time
+from controller.engine.engine import Engine
+from controller.engine.registry import PoolView
+from controller.errors import ErrorCode as ServiceCode
+from controller.errors import ServiceError
+from controller.model import POSEIDON_ENVIRONMENT_LABEL
+from controller.nomad.errors import NomadError
+from controller.poseidon.environments import (
+    depleting,
+    described,
+    environment_body,
+    environment_pools,
+    statistics,
+)
+from controller.poseidon.wire import (
+    ENVIRONMENT_REQUEST,
+    RUNNER_REQUEST,
+    ErrorCode,
+    PoseidonError,
+    answer,
+    bad_request,
+    read_struct,
+)
+from controller.sources.environments import (
+    Environment,
+    EnvironmentInvalid,
+    EnvironmentStore,
+    EnvironmentTaken,
+)
+
+log = logging.getLogger(__name__)
+
+PREFIX: Final = "/api/v1"
+TOKEN_HEADER: Final = "Poseidon-Token"
+# Poseidon's texts, which its client may match.
+NO_RUNNER: Final = "abstract manager wrapped: no runner found with this id"
+NO_ENVIRONMENT: Final = "nomad wrapped: execution environment not found"
+NO_IDLE_RUNNER: Final = "no runners available for this execution environment"
+
+
+class EnvironmentMode(StrEnum):
+    """What `PUT` and `DELETE /execution-environments/{id}` may do."""
+
+    READONLY = "readonly"  # pools come from the files or resources; PUT only checks them
+    MANAGED = "managed"  # PUT and DELETE keep environments in Nomad, a pool each
+
+
+@dataclass(frozen=True)
+class PoseidonSettings:
+    enabled: bool = False
+    environments: EnvironmentMode = EnvironmentMode.READONLY
+    # /health is 503 when an environment's idle runners fall below this share of its
+    # prewarming pool size; 0 never (Poseidon's default).
+    depleting_threshold: float = 0.0
+    # managed: the RunnerPool document every environment's pool starts from.
+    environment_template: Path | None = None
+
+
+@dataclass(frozen=True)
+class Poseidon:
+    """What the routes are served from."""
+
+    engine: Engine
+    claims: ClaimService
+    tokens: TokenSet
+    settings: PoseidonSettings
+    store: EnvironmentStore | None  # managed environments (None: readonly)
+
+    def serving(self, visible: Scope = EVERY_POOL) -> dict[int, PoolView]:
+        managed = self.store.keys if self.store is not None else frozenset()
+        return environment_pools(self.engine, managed, visible)
+
+    def is_managed(self, view: PoolView) -> bool:
+        return self.store is not None and view.key in self.store.keys
+
+
+POSEIDON_KEY: Final = web.AppKey("poseidon", Poseidon)
+
+
+def poseidon(request: web.Request) -> Poseidon:
+    return request.app[POSEIDON_KEY]
+
+
+# ---- environments ----------------------------------------------------------------------
+
+
+def environment_id(request: web.Request) -> int:
+    """The route's environment ID, which Poseidon parses as a Go int."""
+    try:
+        return go_int(request.match_info["id"])
+    except ValueError as error:
+        raise bad_request(str(error).replace("ParseInt", "Atoi")) from None
+
+
+async def health(request: web.Request) -> web.Response:
+    context = poseidon(request)
+    low = depleting(context.serving(), context.settings.depleting_threshold)
+    if low:
+        raise PoseidonError(
+            503,
+            "the prewarming pool is depleting: environments " + ", ".join(map(str, low)),
+            ErrorCode.PREWARMING_POOL_DEPLETING,
+        )
+    return web.Response(status=204)
+
+
+async def version(_: web.Request) -> web.Response:
+    return answer(f"poolkeeper@{__version__}")
+
+
+async def environment_statistics(request: web.Request) -> web.Response:
+    return answer(statistics(poseidon(request).serving(scope(request))))
+
+
+async def fetch_first(request: web.Request) -> None:
+    """`?fetch=true`: read the managed environments from Nomad again before answering
+    (pools of the files and resources are always current)."""
+    raw = request.query.get("fetch", "")
+    try:
+        fetch = go_bool(raw) if raw else False
+    except ValueError as error:
+        raise bad_request(f"could not parse fetch parameter: {error}") from None
+    store = poseidon(request).store
+    if fetch and store is not None:
+        try:
+            await store.refresh()
+        except NomadError as error:
+            raise PoseidonError(500, str(error), ErrorCode.UNKNOWN) from None
+
+
+async def list_environments(request: web.Request) -> web.Response:
+    await fetch_first(request)
+    serving = poseidon(request).serving(scope(request))
+    environments = [environment_body(described(view)) for _, view in sorted(serving.items())]
+    return answer({"executionEnvironments": environments})
+
+
+async def get_environment(request: web.Request) -> web.Response:
+    env_id = environment_id(request)
+    await fetch_first(request)
+    view = poseidon(request).serving(scope(request)).get(env_id)
+    if view is None:
+        raise PoseidonError(404, None)
+    return answer(environment_body(described(view)))
+
+
+async def put_environment(request: web.Request) -> web.Response:
+    env_id = environment_id(request)
+    body = await read_struct(request, ENVIRONMENT_REQUEST)
+    wanted = Environment(
+        id=env_id,
+        prewarming_pool_size=body["prewarmingPoolSize"],
+        cpu_limit=body["cpuLimit"],
+        memory_limit=body["memoryLimit"],
+        image=body["image"],
+        network_access=body["networkAccess"],
+        exposed_ports=tuple(body["exposedPorts"] or ()),
+    )
+    context = poseidon(request)
+    view = context.serving(scope(request)).get(env_id)
+    if view is not None and not context.is_managed(view):
+        differences = described(view).differences(wanted)
+        if not differences:
+            return web.Response(status=204)
+        raise PoseidonError(
+            409,
+            f"execution environment {env_id} is pool {view.key}, where "
+            f"{'; '.join(differences)}: change the pool, not the environment",
+        )
+    store = context.store
+    if store is None:
+        raise PoseidonError(
+            409,
+            f"no pool serves execution environment {env_id}: give a pool the label "
+            f'{POSEIDON_ENVIRONMENT_LABEL}: "{env_id}" (environments are read-only here)',
+        )
+    key = store.template.key(env_id)
+    if not scope(request).allows(key):
+        raise PoseidonError(409, f"this token may not act on pool {key}")
+    try:
+        created = await store.put(wanted)
+    except EnvironmentInvalid as error:
+        raise bad_request(str(error)) from None
+    except EnvironmentTaken as error:
+        raise PoseidonError(409, str(error)) from None
+    except NomadError as error:
+        raise PoseidonError(500, str(error), ErrorCode.UNKNOWN) from None
+    return web.Response(status=201 if created else 204)
+
+
+async def delete_environment(request: web.Request) -> web.Response:
+    env_id = environment_id(request)
+    context = poseidon(request)
+    view = context.serving(scope(request)).get(env_id)
+    if view is not None and not context.is_managed(view):
+        raise PoseidonError(
+            409,
+            f"execution environment {env_id} is pool {view.key}: remove the pool or its "
+            "label instead",
+        )
+    store = context.store
+    if store is None or (view is None and not scope(request).allows(store.template.key(env_id))):
+        raise PoseidonError(404, None)
+    try:
+        removed = await store.delete(env_id)
+    except NomadError as error:
+        raise PoseidonError(500, str(error), ErrorCode.UNKNOWN) from None
+    if not removed:
+        raise PoseidonError(404, None)
+    return web.Response(status=204)
+
+
+# ---- runners ---------------------------------------------------------------------------
+
+
+def from_service_error(error: ServiceError) -> PoseidonError:
+    """A claim service error as Poseidon answers the same situation."""
+    match error.code:
+        case ServiceCode.POOL_EMPTY:
+            return PoseidonError(500, NO_IDLE_RUNNER, ErrorCode.NOMAD_OVERLOAD)
+        case ServiceCode.POOL_NOT_FOUND:
+            return PoseidonError(404, NO_ENVIRONMENT)
+        case ServiceCode.RUNNER_NOT_FOUND | ServiceCode.RUNNER_GONE:
+            return PoseidonError(410, NO_RUNNER)
+        case ServiceCode.INVALID_REQUEST:
+            return bad_request(error.message)
+        case ServiceCode.NOMAD_UNAVAILABLE:
+            return PoseidonError(500, error.message, ErrorCode.NOMAD_UNREACHABLE)
+        case _:
+            return PoseidonError(500, error.message, ErrorCode.UNKNOWN)
+
+
+async def claim_runner(request: web.Request) -> web.Response:
+    body = await read_struct(request, RUNNER_REQUEST)
+    env_id, timeout = body["executionEnvironmentId"], body["inactivityTimeout"]
+    view = poseidon(request).serving(scope(request)).get(env_id)
+    if view is None:
+        raise PoseidonError(404, NO_ENVIRONMENT)
+    limit = described_limits(view)
+    if timeout < 0:
+        raise bad_request(f"inactivityTimeout {timeout} must not be negative")
+    if timeout > limit:
+        raise bad_request(
+            f"inactivityTimeout {timeout} exceeds the maximum of execution environment "
+            f"{env_id} ({limit} s)"
+        )
+    namespace, name = view.key.split("/", 1)
+    try:
+        claim, _ = await poseidon(request).claims.claim(
+            namespace, name, ClaimRequest(inactivity_timeout_seconds=timeout or limit)
+        )
+    except ServiceError as error:
+        raise from_service_error(error) from None
+    return answer({"runnerId": claim["runnerId"], "mappedPorts": []})
+
+
+def described_limits(view: PoolView) -> int:
+    """The longest inactivity timeout the pool allows (also what 0 means)."""
+    assert view.pool is not None
+    return view.pool.spec.claims.max_inactivity_timeout_seconds
+
+
+async def claimed_runner(request: web.Request) -> str:
+    """The route's runner: claimed, unexpired, of an environment the token sees; 410 with
+    Poseidon's text otherwise."""
+    runner_id = request.match_info["runnerId"]
+    context = poseidon(request)
+    try:
+        view = context.claims.pool_of_runner(runner_id)
+        if (
+            view.pool is None
+            or view.pool.poseidon_environment is None
+            or not scope(request).allows(view.key)
+        ):
+            raise PoseidonError(410, NO_RUNNER)
+        claim = await context.claims.get(runner_id)
+    except ServiceError as error:
+        raise from_service_error(error) from None
+    if parse_time(claim["expiresAt"]) <= context.engine.clock():
+        raise PoseidonError(410, NO_RUNNER)  # expired: its end is being written down
+    return runner_id
+
+
+async def delete_runner(request: web.Request) -> web.Response:
+    runner_id = await claimed_runner(request)
+    try:
+        await poseidon(request).claims.release(runner_id)
+    except ServiceError as error:
+        if error.code is ServiceCode.NOMAD_UNAVAILABLE:
+            raise PoseidonError(
+                500, f"cannot return runner: {error.message}", ErrorCode.NOMAD_INTERNAL_SERVER_ERROR
+            ) from None
+        raise from_service_error(error) from None
+    return web.Response(status=204)
+
+
+# ---- the application -------------------------------------------------------------------
+
+OPEN_ROUTES: Final = frozenset({"/health", "/version"})
+
+
+def token_scope(tokens: TokenSet, request: web.Request) -> Scope:
+    """The scope of the request's Poseidon-Token; 401 with an empty body without one."""
+    found = tokens.scope_of(request.headers.get(TOKEN_HEADER, ""))
+    if found is None:
+        raise PoseidonError(401, None)
+    return found
+
+
+@web.middleware
+async def poseidon_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    refused = request.match_info.http_exception
+    if refused is not None:  # unknown path or method: the router's answer, empty
+        return web.Response(status=refused.status)
+    try:
+        resource = request.match_info.route.resource
+        path = resource.canonical.removeprefix(PREFIX) if resource is not None else ""
+        if path not in OPEN_ROUTES:
+            request[SCOPE_KEY] = token_scope(poseidon(request).tokens, request)
+        return await handler(request)
+    except PoseidonError as error:
+        return error.response()
+    except ServiceError as error:
+        return from_service_error(error).response()
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return PoseidonError(500, "internal error", ErrorCode.UNKNOWN).response()
+
+
+ENVIRONMENT = "/execution-environments/{id:[0-9]+}"
+RUNNER = "/runners/{runnerId}"
+
+
+def create_poseidon_app(context: Poseidon) -> web.Application:
+    """The application to mount at PREFIX."""
+    app = web.Application(middlewares=[poseidon_middleware])
+    app[POSEIDON_KEY] = context
+    router = app.router
+    router.add_get("/health", health)
+    router.add_get("/version", version)
+    router.add_get("/statistics/execution-environments", environment_statistics)
+    router.add_get("/execution-environments", list_environments)
+    router.add_get(ENVIRONMENT, get_environment)
+    router.add_put(ENVIRONMENT, put_environment)
+    router.add_delete(ENVIRONMENT, delete_environment)
+    router.add_post("/runners", claim_runner)
+    router.add_delete(RUNNER, delete_runner)
+    return app
