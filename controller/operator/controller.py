@@ -54,6 +54,7 @@ class Registration:
 
     ref: ObjectRef
     seen_generation: int
+    seen_labels: Mapping[str, Any] | None = None  # labels count: a pool may serve Poseidon
     pool: RunnerPool | None = None  # the last valid version (the one that runs)
     refusal: PoolProblem | None = None  # why the newest generation does not run
     extra: dict[str, Condition] = field(default_factory=dict)
@@ -83,6 +84,9 @@ class OperatorController(Service):
         """The pod's name (the chart sets POD_NAME), as in kopf's peering."""
         return os.environ.get("POD_NAME") or socket.gethostname()
 
+    def registers_pools(self) -> bool:
+        return self.active
+
     def unready(self) -> list[str]:
         if not self.active:
             return [PASSIVE]
@@ -105,12 +109,14 @@ class OperatorController(Service):
             self.active = True
             await self.engine.start()
             self._spawn(self.resume_drains(lambda: self.active))
+            await self.start_environments()
             self.sync_watchers()
         else:
             log.info("this replica is passive: not reconciling")
             self.active = False
             await self.engine.stop()
             await self.stop_watchers()
+            await self.stop_environments()
             # Forget everything: the active replica owns the pools now, and kopf lists
             # them all again when this replica resumes.
             self.engine.forget_pools()
@@ -158,11 +164,17 @@ class OperatorController(Service):
         if meta.get("deletionTimestamp"):
             return  # the finalizer handler takes it from here
         generation = int(meta.get("generation") or 0)
-        if known is not None and known.ref.uid == ref.uid and known.seen_generation == generation:
-            return  # a status or metadata change
+        labels = meta.get("labels") or {}
+        if (
+            known is not None
+            and known.ref.uid == ref.uid
+            and known.seen_generation == generation
+            and known.seen_labels == labels
+        ):
+            return  # a status change, or metadata the model does not read
         if known is None or known.ref.uid != ref.uid:
             known = self._restore(ref, generation, body.get("status"))
-        known.seen_generation = generation
+        known.seen_generation, known.seen_labels = generation, dict(labels)
         try:
             new: RunnerPool | str = RunnerPool.parse_document(_document(body))
         except ValidationError as error:
