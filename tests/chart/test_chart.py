@@ -44,6 +44,15 @@ SCENARIOS: Final[dict[str, dict[str, str]]] = {
     "namespaces": {"watch.namespaces": '["team-a", "team-b"]'},
     "nomadTls": {"nomad.caCert": "true", "nomad.clientCert": "true"},
     "insecureNoAuth": {"apiTokens.insecureNoAuth": "true"},
+    "poseidon": {"poseidon.enabled": "true"},
+    "poseidonManaged": {
+        "poseidon.enabled": "true",
+        "poseidon.environments": '"managed"',
+        "poseidon.depletingThreshold": "0.25",
+        "poseidon.environmentTemplate": json.dumps(
+            {"metadata": {"namespace": "codeocean"}, "spec": {"maxRunners": 50}}
+        ),
+    },
     "everything": {
         "serviceMonitor.enabled": "true",
         "podDisruptionBudget.enabled": "true",
@@ -176,6 +185,9 @@ def test_values_schema_rejects_a_misspelled_key(key: str, value: str, misspelled
         ("image.pullPolicy", '"Sometimes"'),
         ("watch.namespaces", '["Not_A_Namespace"]'),
         ("service.port", "70000"),
+        ("poseidon.environments", '"writable"'),
+        ("poseidon.depletingThreshold", "1.5"),
+        ("poseidon.environmentTemplate", '{"spec": {"maxRunners": 5}}'),  # needs managed
     ],
 )
 def test_values_schema_rejects_bad_values(key: str, value: str) -> None:
@@ -415,6 +427,50 @@ def test_image_user_matches_the_chart() -> None:
     assert 'ENTRYPOINT ["poolkeeper"]' in dockerfile and 'CMD ["operator"]' in dockerfile
 
 
+def test_the_poseidon_api_options_and_template() -> None:
+    default = _container(render())
+    assert not any(arg.startswith("--poseidon") for arg in default["args"])
+    args = _container(render(SCENARIOS["poseidon"]))["args"]
+    assert args[args.index("--poseidon-api") :] == [
+        "--poseidon-api",
+        "--poseidon-environments",
+        "readonly",
+        "--poseidon-depleting-threshold",
+        "0",
+    ]
+    assert of_kind(render(SCENARIOS["poseidon"]), "ConfigMap") == []
+
+    managed = render(SCENARIOS["poseidonManaged"])
+    container = _container(managed)
+    args = container["args"]
+    assert args[args.index("--poseidon-api") :] == [
+        "--poseidon-api",
+        "--poseidon-environments",
+        "managed",
+        "--poseidon-depleting-threshold",
+        "0.25",
+        "--poseidon-environment-template",
+        "/etc/poolkeeper/poseidon/template.yaml",
+    ]
+    config_map = only(managed, "ConfigMap")
+    assert yaml.safe_load(config_map["data"]["template.yaml"]) == {
+        "metadata": {"namespace": "codeocean"},
+        "spec": {"maxRunners": 50},
+    }
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "poseidon-template")
+    assert mount["mountPath"] == "/etc/poolkeeper/poseidon"
+    volume = next(v for v in _pod(managed)["volumes"] if v["name"] == "poseidon-template")
+    assert volume["configMap"]["name"] == config_map["metadata"]["name"]
+    # The template is read at start: changing it rolls the pods.
+    annotations = only(managed, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    changed = dict(
+        SCENARIOS["poseidonManaged"],
+        **{"poseidon.environmentTemplate": '{"spec": {"maxRunners": 60}}'},
+    )
+    other = only(render(changed), "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["checksum/poseidon-template"] != other["checksum/poseidon-template"]
+
+
 def test_probes_service_and_ports() -> None:
     manifests = render()
     container = _container(manifests)
@@ -592,6 +648,9 @@ def test_notes_render(tmp_path: Path) -> None:
     )
     assert "WITHOUT authentication" in insecure
     assert "every namespace" in insecure
+    assert "Poseidon" not in notes
+    poseidon = render_notes(tmp_path / "c", SCENARIOS["poseidon"])
+    assert f"runner_management.url: http://pk-poolkeeper.{NAMESPACE}.svc:8080/api/v1" in poseidon
 
 
 def test_chart_files_are_all_used() -> None:

@@ -72,3 +72,13 @@ namespaces is disabled in the operator, so neither is read.
   resources: [{{ if .Values.watch.allNamespaces }}"clusterkopfpeerings"{{ else }}"kopfpeerings"{{ end }}]
   verbs: ["get", "list", "watch", "patch"]
 {{- end }}
+
+{{/*
+The managed Poseidon environments' template as the ConfigMap holds it; empty when the
+Poseidon API is off or has no template.
+*/}}
+{{- define "poolkeeper.poseidonTemplate" -}}
+{{- if and .Values.poseidon.enabled .Values.poseidon.environmentTemplate }}
+{{- toYaml .Values.poseidon.environmentTemplate }}
+{{- end }}
+{{- end }}
