@@ -140,6 +140,11 @@ async def after_passes(
     await wait_until(passed, what=what)
 
 
+def still_claimed(harness: Harness, runner_id: str) -> bool:
+    """Whether the runner's claim is live (`state` absent or `claimed`)."""
+    return claim_of(harness, runner_id).get("state", "claimed") == "claimed"
+
+
 def claim_of(harness: Harness, runner_id: str) -> dict[str, str]:
     variable = harness.sim.variables("default").get(f"poolkeeper/claims/{runner_id}")
     assert variable is not None, runner_id
@@ -200,6 +205,13 @@ async def test_codeocean_against_labelled_pools(harness: Harness, tmp_path: Path
     assert claim_of(harness, runner_id)["state"] == "released"
     again = await codeocean.call("DELETE", f"/runners/{runner_id}")
     assert (again.status, again.body) == (410, NO_RUNNER)
+
+    # A runner of a pool that serves no environment is unknown here.
+    status, other = await harness.api(controller, "POST", "/v1/pools/default/unlabelled/claims", {})
+    assert status == 201
+    foreign = await codeocean.call("DELETE", f"/runners/{other['runnerId']}")
+    assert (foreign.status, foreign.body) == (410, NO_RUNNER)
+    assert still_claimed(harness, other["runnerId"])
 
     # An environment no pool serves: 404, and CodeOcean would sync it (409: read-only).
     missing = await codeocean.claim(99)
@@ -537,7 +549,7 @@ async def test_a_managed_image_change_rolls_idle_runners_and_keeps_claimed_ones(
     await after_passes(controller, rolled, "the idle runners to roll over to the new image")
     # Unlike Poseidon's PUT, the learner's runner lives on, untouched and still claimed.
     assert images(harness, "environment-11-")[runner_id] == PYTHON_IMAGE
-    assert claim_of(harness, runner_id).get("state", "claimed") == "claimed"
+    assert still_claimed(harness, runner_id)
     environment = (await codeocean.call("GET", "/execution-environments/11")).json()
     assert environment["image"] == new_image
     assert (await codeocean.call("DELETE", f"/runners/{runner_id}")).status == 204
@@ -606,7 +618,8 @@ async def test_managed_environments_reach_every_replica(
     replica = CodeOcean(http, reader)
 
     async def served() -> bool:
-        return (await replica.statistics()).get("11", {}).get("idleRunners") == 2
+        stats = await replica.statistics()
+        return "11" in stats and stats["11"]["idleRunners"] == 2
 
     await after_passes(reader, served, "the other replica to read the environment")
     assert (await replica.claim(11)).status == 200
