@@ -25,7 +25,7 @@ from controller.core.events import EventSink, lease_acquired, lease_lost
 from controller.core.leases import LOCK_DELAY_SECONDS, LeaseItems, LeaseState, lease_path
 from controller.core.times import utcnow
 from controller.nomad.errors import NomadError
-from controller.nomad.port import Locks
+from controller.nomad.port import Locks, LockTerms
 
 log = logging.getLogger(__name__)
 
@@ -183,13 +183,8 @@ class Leases:
     async def _acquire(self, lease: _Lease) -> None:
         sent = self._monotonic()
         items = LeaseItems.taken(self.identity, lease.spec_hash, utcnow())
-        stored = await self._port.acquire_lock(
-            lease.path,
-            items.to_items(),
-            lease.namespace,
-            ttl_seconds=self.ttl,
-            delay_seconds=LOCK_DELAY_SECONDS,
-        )
+        terms = LockTerms(self.ttl, LOCK_DELAY_SECONDS)
+        stored = await self._port.acquire_lock(lease.path, items.to_items(), lease.namespace, terms)
         if stored is None:
             self._note_holder(lease, await self._port.read_variable(lease.path, lease.namespace))
             return

@@ -10,6 +10,7 @@ from controller.core.events import EventKind, PoolEvent
 from controller.core.leases import LeaseItems, LeaseState, lease_path, takeover_seconds
 from controller.engine.leases import Leases
 from controller.nomad.errors import NomadUnavailable
+from controller.nomad.port import LockTerms
 
 KEY = "default/py.312"
 TTL = 10.0
@@ -31,13 +32,7 @@ class FakeLocks:
             raise NomadUnavailable("PUT /v1/var/:path: cannot reach Nomad")
 
     async def acquire_lock(
-        self,
-        path: str,
-        items: dict[str, str],
-        namespace: str,
-        *,
-        ttl_seconds: float,
-        delay_seconds: float,
+        self, path: str, items: dict[str, str], namespace: str, terms: LockTerms
     ) -> dict[str, Any] | None:
         self._check("acquire", path)
         if path in self.held:
