@@ -60,12 +60,6 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def start_logging() -> None:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-
-
 def nomad_config_from_env() -> NomadConfig:
     """The Nomad CLI's environment variables; a bad value is a usage error (exit 2)."""
     try:
@@ -83,6 +77,7 @@ class ServiceSettings:
     reconcile: bool = True
     prune: bool = False
     lease_ttl_seconds: float = DEFAULT_TTL_SECONDS
+    access_log: bool = False
 
 
 def read_api_tokens(token_file: Path | None) -> list[str]:
@@ -105,7 +100,8 @@ def read_api_tokens(token_file: Path | None) -> list[str]:
 def log_event(event: PoolEvent) -> None:
     """What happened to a pool, as a log line (the operator also posts a Kubernetes Event)."""
     level = logging.WARNING if event.warning else logging.INFO
-    log.log(level, "pool %s: %s: %s", event.pool, event.reason, event.message)
+    fields = {"pool": event.pool, "reason": event.reason}
+    log.log(level, "pool %s: %s: %s", event.pool, event.reason, event.message, extra=fields)
 
 
 class Service:
@@ -150,7 +146,14 @@ class Service:
     async def serve_api(self, ready: Callable[[], list[str]]) -> str:
         """Start the one listener for API, health and metrics; returns its URL."""
         sys.setswitchinterval(GIL_SWITCH_SECONDS)
-        app = create_app(self.engine, self.metrics, self.tokens, ready, self.claims)
+        app = create_app(
+            self.engine,
+            self.metrics,
+            self.tokens,
+            ready,
+            self.claims,
+            log_requests=self.service_settings.access_log,
+        )
         self._runner = web.AppRunner(
             app, access_log=None, keepalive_timeout=HTTP_IDLE_TIMEOUT_SECONDS
         )

@@ -13,6 +13,7 @@ from controller.core.problems import PoolProblem
 from controller.core.times import utcnow
 from controller.engine.engine import Clock
 from controller.errors import UsageError
+from controller.logs import start_logging
 from controller.model import RunnerPool
 from controller.nomad.config import NomadConfig
 from controller.service import (
@@ -21,7 +22,6 @@ from controller.service import (
     lease_ttl,
     nomad_config_from_env,
     parse_listen,
-    start_logging,
 )
 from controller.sources.files import ConfigError as PoolPathError
 from controller.sources.files import load_pools
@@ -126,6 +126,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         prune=args.prune,
         allow_empty=args.allow_empty,
         lease_ttl_seconds=lease_ttl(args.lease_ttl_seconds),
+        access_log=args.access_log,
     )
 
 
@@ -142,7 +143,7 @@ async def serve(controller: Controller) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    start_logging()
+    start_logging(args.log_format)
     settings = settings_from_args(args)
     asyncio.run(serve(Controller(settings, nomad_config_from_env())))
     return 0

@@ -14,6 +14,7 @@ from typing import Any, Final
 import kopf
 
 from controller.errors import UsageError
+from controller.logs import start_logging
 from controller.nomad.config import NomadConfig
 from controller.operator.controller import OperatorController
 from controller.operator.leadership import (
@@ -32,7 +33,7 @@ from controller.operator.options import (
     operator_settings,
     options_from_args,
 )
-from controller.service import nomad_config_from_env, start_logging
+from controller.service import nomad_config_from_env
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,7 @@ async def run(
 
 
 def main(args: argparse.Namespace) -> int:
-    start_logging()
+    start_logging(args.log_format)
     options = options_from_args(args)
     nomad = nomad_config_from_env()
     log.info(

@@ -68,6 +68,7 @@ def options_from_args(args: argparse.Namespace) -> OperatorOptions:
         priority=priority,
         liveness=args.liveness,
         lease_ttl_seconds=lease_ttl(args.lease_ttl_seconds),
+        access_log=args.access_log,
     )
 
 

@@ -4,6 +4,7 @@ and tokens that must never leak into logs, metrics or error bodies."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -29,7 +30,14 @@ API_TOKEN = "api-token-9f2c1e7d"
 
 
 class Process:
-    def __init__(self, pools: Path, nomad: str, tmp_path: Path, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        pools: Path,
+        nomad: str,
+        tmp_path: Path,
+        env: dict[str, str] | None = None,
+        options: tuple[str, ...] = (),
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         tokens = tmp_path / "api-tokens"
@@ -38,7 +46,7 @@ class Process:
         self.args = [
             sys.executable, "-m", "controller", "run", "--pools", str(pools),
             "--listen", f"127.0.0.1:{self.port}", "--resync-seconds", "1",
-            "--api-token-file", str(tokens),
+            "--api-token-file", str(tokens), *options,
         ]  # fmt: skip
         self.env = {**os.environ, "NOMAD_ADDR": nomad, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
@@ -235,3 +243,31 @@ async def test_claims_and_idle_count_survive_a_sigkill(sim_server, tmp_path):
                 assert (response.status, await response.json()) == (200, claim)
         finally:
             assert await restarted.signal(signal.SIGTERM) == 0
+
+
+async def test_json_logs_and_the_access_log(sim_server, tmp_path):
+    """Every line is a JSON object, the domain events carry their pool and reason, and
+    the access log names route templates only."""
+    pools = write_pools(tmp_path / "pools.yaml", pool_doc("py", idle=1))
+    options = ("--log-format", "json", "--access-log")
+    process = Process(pools, sim_server.url, tmp_path, options=options)
+    process.start()
+    auth = {"Authorization": f"Bearer {API_TOKEN}"}
+    try:
+        await wait_until(process.ready, within=30, what="the controller")
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(process.url + "/v1/runners/py-0123456789ab", headers=auth) as response,
+        ):
+            assert response.status == 404
+    finally:
+        assert await process.signal(signal.SIGTERM) == 0
+    entries = [json.loads(line) for line in process.output().splitlines()]
+    assert all({"time", "level", "logger", "message"} <= set(e) for e in entries)
+    lease = next(e for e in entries if e.get("reason") == "LeaseAcquired")
+    assert (lease["level"], lease["pool"]) == ("INFO", "default/py")
+    access = [e for e in entries if e["logger"] == "controller.api.access_log"]
+    assert [(e["method"], e["route"], e["status"]) for e in access] == [
+        ("GET", "/v1/runners/{runnerId}", 404)
+    ]
+    assert API_TOKEN not in process.output() and "0123456789ab" not in process.output()
