@@ -32,6 +32,7 @@ from controller.operator.options import (
     default_connect,
     operator_settings,
     options_from_args,
+    quiet_handler_successes,
 )
 from controller.service import nomad_config_from_env
 
@@ -86,6 +87,7 @@ async def run(
     """One operator replica until SIGTERM/SIGINT (or `stop_flag`). Raises
     LeadershipHookError when kopf's pause hook cannot attach."""
     install_pause_hook()
+    quiet_handler_successes()
     controller = OperatorController(options, nomad)
     await controller.serve_api(controller.unready)
     if started is not None:
