@@ -113,7 +113,9 @@ class Service:
         clock: Clock = utcnow,
         on_status: StatusSink | None = None,
         on_event: EventSink = log_event,
+        orphan_advice: str,
     ) -> None:
+        """`orphan_advice`: how this front door removes runner jobs of undefined pools."""
         self.service_settings = settings
         self.nomad = nomad
         self.metrics = Metrics()
@@ -128,6 +130,7 @@ class Service:
             reconcile=settings.reconcile,
             home_namespace=nomad.namespace or "default",
             prune=settings.prune,
+            orphan_advice=orphan_advice,
             identity=self.identity(),
             lease_ttl_seconds=settings.lease_ttl_seconds,
         )
@@ -210,8 +213,9 @@ class Service:
             self.watchers[namespace] = watcher
 
     async def stop_watchers(self) -> None:
-        for watcher in self.watchers.values():
+        for namespace, watcher in self.watchers.items():
             await watcher.stop()
+            self.metrics.forget_event_stream(namespace)
         self.watchers.clear()
 
     def _stream_state(self, namespace: str, up: bool) -> None:

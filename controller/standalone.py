@@ -41,7 +41,7 @@ class Controller(Service):
     """The standalone controller: pools come from YAML files, reloaded on SIGHUP."""
 
     def __init__(self, settings: Settings, nomad: NomadConfig, *, clock: Clock = utcnow) -> None:
-        super().__init__(settings, nomad, clock=clock)
+        super().__init__(settings, nomad, clock=clock, orphan_advice="--prune drains them")
         self.settings = settings
         self.pools: dict[str, RunnerPool] = {}
         self.refusals: dict[str, PoolProblem] = {}
