@@ -13,6 +13,7 @@ from controller.core.problems import PoolProblem
 from controller.core.times import utcnow
 from controller.engine.engine import Clock
 from controller.errors import UsageError
+from controller.logs import start_logging
 from controller.model import RunnerPool
 from controller.nomad.config import NomadConfig
 from controller.service import (
@@ -21,7 +22,6 @@ from controller.service import (
     lease_ttl,
     nomad_config_from_env,
     parse_listen,
-    start_logging,
     tls_files,
 )
 from controller.sources.files import ConfigError as PoolPathError
@@ -42,7 +42,7 @@ class Controller(Service):
     """The standalone controller: pools come from YAML files, reloaded on SIGHUP."""
 
     def __init__(self, settings: Settings, nomad: NomadConfig, *, clock: Clock = utcnow) -> None:
-        super().__init__(settings, nomad, clock=clock)
+        super().__init__(settings, nomad, clock=clock, orphan_advice="--prune drains them")
         self.settings = settings
         self.pools: dict[str, RunnerPool] = {}
         self.refusals: dict[str, PoolProblem] = {}
@@ -130,6 +130,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         lease_ttl_seconds=lease_ttl(args.lease_ttl_seconds),
         tls_cert=tls_cert,
         tls_key=tls_key,
+        access_log=args.access_log,
     )
 
 
@@ -146,7 +147,7 @@ async def serve(controller: Controller) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    start_logging()
+    start_logging(args.log_format)
     settings = settings_from_args(args)
     asyncio.run(serve(Controller(settings, nomad_config_from_env())))
     return 0

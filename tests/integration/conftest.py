@@ -72,6 +72,7 @@ class Harness:
         reconcile: bool = True,
         prune: bool = False,
         allow_empty: bool = False,
+        access_log: bool = False,
         clock: Clock = utcnow,
     ) -> Controller:
         tokens = self.tmp_path / "tokens"
@@ -84,6 +85,7 @@ class Harness:
             reconcile=reconcile,
             prune=prune,
             allow_empty=allow_empty,
+            access_log=access_log,
         )
         controller = Controller(
             settings, NomadConfig.from_env({"NOMAD_ADDR": self.server.url}), clock=clock

@@ -72,3 +72,12 @@ namespaces is disabled in the operator, so neither is read.
   resources: [{{ if .Values.watch.allNamespaces }}"clusterkopfpeerings"{{ else }}"kopfpeerings"{{ end }}]
   verbs: ["get", "list", "watch", "patch"]
 {{- end }}
+
+{{/*
+The window of PoolkeeperNoReconcilePass: 3 resync periods, but at least
+prometheusRule.minimumWindowSeconds, since increase() needs two scrapes in its window.
+*/}}
+{{- define "poolkeeper.reconcileWindow" -}}
+{{- $periods := mulf 3 .Values.resyncSeconds | ceil | int }}
+{{- max $periods (int .Values.prometheusRule.minimumWindowSeconds) }}s
+{{- end }}
