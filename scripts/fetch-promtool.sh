@@ -9,25 +9,13 @@
 set -euo pipefail
 
 PACKAGE="prometheus"
-
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-dest_dir="$root/.cache/promtool"
-dest="$dest_dir/promtool"
-
-fail() {
-    echo "fetch-promtool: $*" >&2
-    exit 1
-}
-
-if [[ -x "$dest" ]] && "$dest" --version >/dev/null 2>&1; then
-    exit 0
-fi
+TOOL="promtool"
+VERSION_ARGS=(--version)
+# shellcheck source=fetch-common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/fetch-common.sh"
 
 command -v apt-get >/dev/null 2>&1 || fail "apt-get is needed (Debian or Ubuntu) to fetch promtool"
 command -v dpkg-deb >/dev/null 2>&1 || fail "dpkg-deb is needed to unpack the $PACKAGE package"
-
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
 
 download() {
     (cd "$work" && apt-get download -q "$PACKAGE") >"$work/apt.log" 2>&1
@@ -47,10 +35,4 @@ mkdir -p "$dest_dir"
 tmp_bin="$dest_dir/promtool.partial.$$"
 dpkg-deb --fsys-tarfile "$deb" | tar -xO ./usr/bin/promtool >"$tmp_bin" \
     || { rm -f "$tmp_bin"; fail "$(basename "$deb") holds no usr/bin/promtool"; }
-chmod 0755 "$tmp_bin"
-if ! "$tmp_bin" --version >/dev/null 2>&1; then
-    rm -f "$tmp_bin"
-    fail "the extracted promtool does not run on this machine"
-fi
-mv -f "$tmp_bin" "$dest"
-echo "fetch-promtool: installed $("$dest" --version 2>&1 | head -n 1) at $dest" >&2
+install_binary "$tmp_bin"
