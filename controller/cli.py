@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from controller.errors import EXIT_FAILURE, EXIT_USAGE, UsageError
+from controller.logs import LOG_FORMATS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -105,6 +106,18 @@ def _controller_options(command: argparse.ArgumentParser, listen: str) -> None:
         "--insecure-no-auth",
         action="store_true",
         help="serve the /v1 API without any token (development only)",
+    )
+    command.add_argument(
+        "--log-format",
+        choices=tuple(LOG_FORMATS),
+        default="text",
+        help="text lines, or one JSON object per line for log collectors (text)",
+    )
+    command.add_argument(
+        "--access-log",
+        action="store_true",
+        help="log one line per API request: method, route, status and duration "
+        "(never a token or a body)",
     )
 
 

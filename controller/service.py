@@ -81,12 +81,6 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def start_logging() -> None:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-
-
 def nomad_config_from_env() -> NomadConfig:
     """The Nomad CLI's environment variables; a bad value is a usage error (exit 2)."""
     try:
@@ -107,6 +101,7 @@ class ServiceSettings:
     tls_cert: Path | None = None  # serve the API over HTTPS with this certificate
     tls_key: Path | None = None
     poseidon: PoseidonSettings = field(default_factory=PoseidonSettings)  # --poseidon-api
+    access_log: bool = False
 
 
 def poseidon_settings(args: argparse.Namespace) -> PoseidonSettings:
@@ -242,7 +237,8 @@ def read_api_tokens(token_file: Path | None) -> list[Token]:
 def log_event(event: PoolEvent) -> None:
     """What happened to a pool, as a log line (the operator also posts a Kubernetes Event)."""
     level = logging.WARNING if event.warning else logging.INFO
-    log.log(level, "pool %s: %s: %s", event.pool, event.reason, event.message)
+    fields = {"pool": event.pool, "reason": event.reason}
+    log.log(level, "pool %s: %s: %s", event.pool, event.reason, event.message, extra=fields)
 
 
 class Service:
@@ -254,7 +250,9 @@ class Service:
         clock: Clock = utcnow,
         on_status: StatusSink | None = None,
         on_event: EventSink = log_event,
+        orphan_advice: str,
     ) -> None:
+        """`orphan_advice`: how this front door removes runner jobs of undefined pools."""
         self.service_settings = settings
         self.nomad = nomad
         self.metrics = Metrics()
@@ -273,6 +271,7 @@ class Service:
             reconcile=settings.reconcile,
             home_namespace=nomad.namespace or "default",
             prune=settings.prune,
+            orphan_advice=orphan_advice,
             identity=self.identity(),
             lease_ttl_seconds=settings.lease_ttl_seconds,
         )
@@ -317,7 +316,14 @@ class Service:
     async def serve_api(self, ready: Callable[[], list[str]]) -> str:
         """Start the one listener for API, health and metrics; returns its URL."""
         sys.setswitchinterval(GIL_SWITCH_SECONDS)
-        app = create_app(self.engine, self.metrics, self.tokens, ready, self.claims)
+        app = create_app(
+            self.engine,
+            self.metrics,
+            self.tokens,
+            ready,
+            self.claims,
+            log_requests=self.service_settings.access_log,
+        )
         poseidon = self.service_settings.poseidon
         if poseidon.enabled:
             context = Poseidon(self.engine, self.claims, self.tokens, poseidon, self.environments)
@@ -431,8 +437,9 @@ class Service:
             self.watchers[namespace] = watcher
 
     async def stop_watchers(self) -> None:
-        for watcher in self.watchers.values():
+        for namespace, watcher in self.watchers.items():
             await watcher.stop()
+            self.metrics.forget_event_stream(namespace)
         self.watchers.clear()
 
     def _stream_state(self, namespace: str, up: bool) -> None:

@@ -13,6 +13,7 @@ from controller.core.problems import PoolProblem
 from controller.core.times import utcnow
 from controller.engine.engine import Clock
 from controller.errors import UsageError
+from controller.logs import start_logging
 from controller.model import RunnerPool
 from controller.nomad.config import NomadConfig
 from controller.service import (
@@ -22,7 +23,6 @@ from controller.service import (
     nomad_config_from_env,
     parse_listen,
     poseidon_settings,
-    start_logging,
     tls_files,
 )
 from controller.sources.files import ConfigError as PoolPathError
@@ -43,7 +43,7 @@ class Controller(Service):
     """The standalone controller: pools come from YAML files, reloaded on SIGHUP."""
 
     def __init__(self, settings: Settings, nomad: NomadConfig, *, clock: Clock = utcnow) -> None:
-        super().__init__(settings, nomad, clock=clock)
+        super().__init__(settings, nomad, clock=clock, orphan_advice="--prune drains them")
         self.settings = settings
         self.pools: dict[str, RunnerPool] = {}
         self.refusals: dict[str, PoolProblem] = {}
@@ -133,6 +133,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         tls_cert=tls_cert,
         tls_key=tls_key,
         poseidon=poseidon_settings(args),
+        access_log=args.access_log,
     )
 
 
@@ -149,7 +150,7 @@ async def serve(controller: Controller) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    start_logging()
+    start_logging(args.log_format)
     settings = settings_from_args(args)
     asyncio.run(serve(Controller(settings, nomad_config_from_env())))
     return 0

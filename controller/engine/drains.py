@@ -4,7 +4,7 @@ A pool removed with deletionPolicy Drain or Delete is recorded in the variable
 `poolkeeper/pools/<namespace>~<name>` (in the controller's own Nomad namespace) so that
 a restarted controller resumes the removal; a pool defined again cancels its record.
 Runner jobs of pools defined nowhere are orphans: reported once, left alone, drained
-with `--prune`.
+with `prune` (`poolkeeper run --prune`).
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ class Drains:
     home_namespace: str  # where drain records are kept
     prune: bool
     on_new_pool: Callable[[str], None]  # a namespace got a pool to reconcile
+    # How the front door would remove orphans, said in their report ("" for nothing).
+    orphan_advice: str = ""
     _records: dict[str, int] = field(default_factory=dict, init=False)  # key -> ModifyIndex
     _cancelled: set[str] = field(default_factory=set, init=False)  # records to drop
     _reported_orphans: set[str] = field(default_factory=set, init=False)
@@ -117,7 +119,7 @@ class Drains:
         return finished
 
     def take_orphans(self, namespace: str, orphans: Iterable[JobView]) -> None:
-        """Report runner jobs of pools defined nowhere; with --prune, drain them."""
+        """Report runner jobs of pools defined nowhere; with `prune`, drain them."""
         for job in orphans:
             key = job.pool
             if key in self.registry or key in self.registry.protected:
@@ -130,11 +132,13 @@ class Drains:
                 self.on_new_pool(namespace)
             elif key not in self._reported_orphans:
                 self._reported_orphans.add(key)
+                advice = f"; {self.orphan_advice}" if self.orphan_advice else ""
                 log.warning(
                     "namespace %s holds runner jobs of pool %s, which is not defined: "
-                    "left alone (orphaned; --prune drains them)",
+                    "left alone (orphaned%s)",
                     namespace,
                     key,
+                    advice,
                 )
 
     async def _drop(self, key: str) -> None:

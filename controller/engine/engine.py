@@ -80,6 +80,7 @@ class Engine:
         reconcile: bool = True,
         home_namespace: str = "default",
         prune: bool = False,
+        orphan_advice: str = "",
         identity: str | None = None,
         lease_ttl_seconds: float = DEFAULT_TTL_SECONDS,
     ) -> None:
@@ -100,6 +101,7 @@ class Engine:
             home_namespace=home_namespace,
             prune=prune,
             on_new_pool=self._pool_added,
+            orphan_advice=orphan_advice,
         )
         self.leases = (
             Leases(

@@ -25,7 +25,7 @@ from controller.core.events import EventSink, lease_acquired, lease_lost
 from controller.core.leases import LOCK_DELAY_SECONDS, LeaseItems, LeaseState, lease_path
 from controller.core.times import utcnow
 from controller.nomad.errors import NomadError
-from controller.nomad.port import Locks
+from controller.nomad.port import Locks, LockTerms
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,7 @@ class _Lease:
     holder_spec: str = ""
     seen_index: int = 0  # the lease variable's ModifyIndex when last read
     last_round: float | None = None  # monotonic time of the last renewal or attempt
+    lapsed: bool = False  # no renewal succeeded for a TTL: not written, LeaseLost said
     busy: asyncio.Lock = field(default_factory=asyncio.Lock)  # one round at a time
     follower: asyncio.Task[None] | None = None
 
@@ -179,17 +180,13 @@ class Leases:
                     await self._renew(lease)
             except NomadError as error:
                 log.warning("lease of pool %s: %s", lease.key, error)
+                self._note_lapse(lease, error)
 
     async def _acquire(self, lease: _Lease) -> None:
         sent = self._monotonic()
         items = LeaseItems.taken(self.identity, lease.spec_hash, utcnow())
-        stored = await self._port.acquire_lock(
-            lease.path,
-            items.to_items(),
-            lease.namespace,
-            ttl_seconds=self.ttl,
-            delay_seconds=LOCK_DELAY_SECONDS,
-        )
+        terms = LockTerms(self.ttl, LOCK_DELAY_SECONDS)
+        stored = await self._port.acquire_lock(lease.path, items.to_items(), lease.namespace, terms)
         if stored is None:
             self._note_holder(lease, await self._port.read_variable(lease.path, lease.namespace))
             return
@@ -203,17 +200,34 @@ class Leases:
         assert lease.lock_id is not None
         sent = self._monotonic()
         if not await self._port.renew_lock(lease.path, lease.namespace, lease.lock_id):
+            announced, lease.lapsed = lease.lapsed, False
             lease.lock_id, lease.valid_until = None, 0.0
-            self._events(lease_lost(lease.key, self.identity, "Nomad refused its renewal"))
+            if not announced:
+                self._events(lease_lost(lease.key, self.identity, "Nomad refused its renewal"))
             self._on_change(lease.namespace)
             return
         lease.valid_until = sent + self.ttl
+        if lease.lapsed:
+            lease.lapsed = False
+            self._events(lease_acquired(lease.key, self.identity))
+            self._on_change(lease.namespace)
         if lease.written_spec != lease.spec_hash:
             items = LeaseItems.taken(self.identity, lease.spec_hash, utcnow())
             await self._port.write_locked(
                 lease.path, items.to_items(), lease.namespace, lease.lock_id
             )
             lease.written_spec = lease.spec_hash
+
+    def _note_lapse(self, lease: _Lease, error: NomadError) -> None:
+        """A held lease whose renewals kept failing for a whole TTL is no longer written
+        (holds() says so): say it once. The lock may still be ours when Nomad answers
+        again; a renewal that then succeeds takes the pool up again."""
+        if lease.lock_id is None or lease.lapsed or self._monotonic() < lease.valid_until:
+            return
+        lease.lapsed = True
+        why = f"no renewal succeeded for {self.ttl:g} s: {error}"
+        self._events(lease_lost(lease.key, self.identity, why))
+        self._on_change(lease.namespace)
 
     def _note_holder(self, lease: _Lease, variable: dict[str, Any] | None) -> None:
         items = LeaseItems.from_variable(variable)
@@ -224,6 +238,7 @@ class Leases:
 
     async def _release(self, lease: _Lease) -> None:
         lock_id, lease.lock_id, lease.valid_until = lease.lock_id, None, 0.0
+        lease.lapsed = False
         if lock_id is None:
             return
         try:

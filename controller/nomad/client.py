@@ -49,6 +49,7 @@ from controller.nomad.errors import (
     NomadPermissionDenied,
     NomadUnavailable,
 )
+from controller.nomad.port import LockTerms
 
 log = logging.getLogger(__name__)
 
@@ -314,18 +315,12 @@ class NomadClient:
         return dict(outcome.body)
 
     async def acquire_lock(
-        self,
-        path: str,
-        items: dict[str, str],
-        namespace: str,
-        *,
-        ttl_seconds: float,
-        delay_seconds: float,
+        self, path: str, items: dict[str, str], namespace: str, terms: LockTerms
     ) -> dict[str, Any] | None:
         """Take the variable's lock (`?lock-acquire`, Nomad 1.7+) and write `items`. The
         stored variable with its `Lock.ID`, or None when another process holds the lock
         (or it is in its lock delay)."""
-        lock = {"TTL": f"{ttl_seconds:g}s", "LockDelay": f"{delay_seconds:g}s"}
+        lock = {"TTL": f"{terms.ttl_seconds:g}s", "LockDelay": f"{terms.delay_seconds:g}s"}
         body = {"Namespace": namespace, "Path": path, "Items": items, "Lock": lock}
         try:
             outcome = await self._lock_call(path, namespace, "lock-acquire", body)

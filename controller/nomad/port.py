@@ -8,7 +8,16 @@ variable, if any).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class LockTerms:
+    """How long a variable lock lives unrenewed, and how long Nomad keeps it after."""
+
+    ttl_seconds: float
+    delay_seconds: float
 
 
 class JobWriter(Protocol):
@@ -41,13 +50,7 @@ class Locks(Protocol):
     """Nomad's variable locks (1.7+): the pools' leases."""
 
     async def acquire_lock(
-        self,
-        path: str,
-        items: dict[str, str],
-        namespace: str,
-        *,
-        ttl_seconds: float,
-        delay_seconds: float,
+        self, path: str, items: dict[str, str], namespace: str, terms: LockTerms
     ) -> dict[str, Any] | None: ...
 
     async def renew_lock(self, path: str, namespace: str, lock_id: str) -> bool: ...

@@ -46,6 +46,10 @@ log = logging.getLogger(__name__)
 TERMINATING: Final = "Terminating"
 NOMAD_WARNING_EVERY: Final = 30.0
 FINALIZE_WAIT_SECONDS: Final = 3.0
+# The operator has no --prune: a pool that names the orphans' pool takes them over.
+ORPHAN_ADVICE: Final = (
+    "a RunnerPool of that namespace, name and job prefix adopts them, and deleting it drains them"
+)
 
 
 @dataclass
@@ -68,7 +72,13 @@ class OperatorController(Service):
     """Engine, API and event watchers of one operator replica; pools come from kopf."""
 
     def __init__(self, options: OperatorOptions, nomad: NomadConfig) -> None:
-        super().__init__(options, nomad, on_status=self._on_status, on_event=self._on_event)
+        super().__init__(
+            options,
+            nomad,
+            on_status=self._on_status,
+            on_event=self._on_event,
+            orphan_advice=ORPHAN_ADVICE,
+        )
         self.options = options
         self.kube: KubeClient | None = None
         self.active = False

@@ -14,6 +14,7 @@ from typing import Any, Final
 import kopf
 
 from controller.errors import UsageError
+from controller.logs import start_logging
 from controller.nomad.config import NomadConfig
 from controller.operator.controller import OperatorController
 from controller.operator.leadership import (
@@ -31,8 +32,9 @@ from controller.operator.options import (
     default_connect,
     operator_settings,
     options_from_args,
+    quiet_handler_successes,
 )
-from controller.service import nomad_config_from_env, start_logging
+from controller.service import nomad_config_from_env
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,7 @@ async def run(
     """One operator replica until SIGTERM/SIGINT (or `stop_flag`). Raises
     LeadershipHookError when kopf's pause hook cannot attach."""
     install_pause_hook()
+    quiet_handler_successes()
     controller = OperatorController(options, nomad)
     await controller.serve_api(controller.unready)
     if started is not None:
@@ -119,7 +122,7 @@ async def run(
 
 
 def main(args: argparse.Namespace) -> int:
-    start_logging()
+    start_logging(args.log_format)
     options = options_from_args(args)
     nomad = nomad_config_from_env()
     log.info(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,11 @@ PASSIVE: Final = "(passive replica: another operator replica is active)"
 
 Connect = Callable[[kopf.OperatorSettings], kopf.ConnectionInfo | None]
 
+# kopf's logger for lines about one object, and its line for a handler that succeeded
+# (kopf 1.45, kopf/_core/actions/execution.py).
+KOPF_OBJECT_LOGGER: Final = "kopf.objects"
+HANDLER_SUCCEEDED: Final = re.compile(r"Handler '[^']*' succeeded\.")
+
 
 @dataclass(frozen=True)
 class OperatorOptions(ServiceSettings):
@@ -74,6 +80,7 @@ def options_from_args(args: argparse.Namespace) -> OperatorOptions:
         tls_cert=tls_cert,
         tls_key=tls_key,
         poseidon=poseidon_settings(args),
+        access_log=args.access_log,
     )
 
 
@@ -109,3 +116,24 @@ def default_connect(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo | No
     return kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
         settings=settings
     )
+
+
+class HandlerSuccessAtDebug(logging.Filter):
+    """kopf logs "Handler 'observe' succeeded." at INFO for every watch event of every
+    RunnerPool, and has no setting for it: such lines become DEBUG lines (dropped unless
+    DEBUG is on). Failures, retries and everything else keep their level."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.INFO or not isinstance(record.msg, str):
+            return True
+        if not HANDLER_SUCCEEDED.fullmatch(record.msg):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+def quiet_handler_successes() -> None:
+    """Install HandlerSuccessAtDebug on kopf's object logger (once per process)."""
+    logger = logging.getLogger(KOPF_OBJECT_LOGGER)
+    if not any(isinstance(f, HandlerSuccessAtDebug) for f in logger.filters):
+        logger.addFilter(HandlerSuccessAtDebug())

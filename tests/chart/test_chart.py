@@ -15,6 +15,7 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 
+from tests.chart.alert_rules import OPERATOR_DOCS, doc_anchors, exported_series, rule_problems
 from tests.chart.helm import (
     CHART,
     NAMESPACE,
@@ -40,6 +41,8 @@ SCENARIOS: Final[dict[str, dict[str, str]]] = {
         ),
     },
     "grafanaDashboard": {"grafanaDashboard.enabled": "true"},
+    "prometheusRule": {"prometheusRule.enabled": "true"},
+    "logs": {"logFormat": '"json"', "accessLog": "true"},
     "allNamespaces": {"watch.allNamespaces": "true"},
     "namespaces": {"watch.namespaces": '["team-a", "team-b"]'},
     "nomadTls": {"nomad.caCert": "true", "nomad.clientCert": "true"},
@@ -58,6 +61,7 @@ SCENARIOS: Final[dict[str, dict[str, str]]] = {
         "podDisruptionBudget.enabled": "true",
         "networkPolicy.enabled": "true",
         "grafanaDashboard.enabled": "true",
+        "prometheusRule.enabled": "true",
         "watch.allNamespaces": "true",
         "nomad.caCert": "true",
         "nomad.namespace": '"runners"',
@@ -109,7 +113,8 @@ def _check_service_monitor(manifest: Manifest, manifests: list[Manifest]) -> Non
 def validate_offline(manifests: list[Manifest]) -> list[str]:
     """Every manifest against the Kubernetes 1.32 schemas (strict: no unknown fields).
     Kinds without a built-in schema: kopf peerings against their CRD in the chart, the
-    ServiceMonitor by its own check; any other unknown kind is an error."""
+    ServiceMonitor and the PrometheusRule by their own checks; any other unknown kind is
+    an error."""
     problems: list[str] = []
     peering_schemas = _peering_schemas()
     for manifest in manifests:
@@ -122,6 +127,9 @@ def validate_offline(manifests: list[Manifest]) -> list[str]:
                 jsonschema.Draft4Validator(peering_schemas[key]).validate(manifest)
             elif key == "monitoring.coreos.com/v1/ServiceMonitor":
                 _check_service_monitor(manifest, manifests)
+            elif key == "monitoring.coreos.com/v1/PrometheusRule":
+                anchors = doc_anchors(OPERATOR_DOCS.read_text(encoding="utf-8"))
+                problems += [f"{name}: {p}" for p in rule_problems(manifest, anchors)]
             else:
                 problems.append(f"{name}: no schema for {key}")
         except kubernetes_validate.ValidationError as error:
@@ -152,6 +160,7 @@ def test_offline_validation_catches_a_misspelled_field() -> None:
         ("podDisruptionBudget", "PodDisruptionBudget"),
         ("networkPolicy", "NetworkPolicy"),
         ("grafanaDashboard", "ConfigMap"),
+        ("prometheusRule", "PrometheusRule"),
     ],
 )
 def test_optional_features_render_only_when_enabled(scenario: str, kind: str) -> None:
@@ -170,6 +179,7 @@ def test_optional_features_render_only_when_enabled(scenario: str, kind: str) ->
         ("serviceMonitor.enable", "true", "enable"),
         ("nomad.caCerts", "true", "caCerts"),
         ("resources.limit", '{"cpu": "1"}', "limit"),
+        ("prometheusRule.severities.PoolkeeperTypo", '"warning"', "PoolkeeperTypo"),
     ],
 )
 def test_values_schema_rejects_a_misspelled_key(key: str, value: str, misspelled: str) -> None:
@@ -188,6 +198,10 @@ def test_values_schema_rejects_a_misspelled_key(key: str, value: str, misspelled
         ("poseidon.environments", '"writable"'),
         ("poseidon.depletingThreshold", "1.5"),
         ("poseidon.environmentTemplate", '{"spec": {"maxRunners": 5}}'),  # needs managed
+        ("logFormat", '"xml"'),
+        ("prometheusRule.claimErrorRatio", "5"),
+        ("prometheusRule.alertLabels", '{"severity": "page"}'),
+        ("prometheusRule.severities.PoolkeeperClaimErrors", '""'),
     ],
 )
 def test_values_schema_rejects_bad_values(key: str, value: str) -> None:
@@ -348,11 +362,15 @@ def test_deployment_args_in_namespaced_mode() -> None:
         "http://0.0.0.0:8081/healthz",
         "--resync-seconds",
         "10",
+        "--log-format",
+        "text",
         "--namespace",
         NAMESPACE,
         "--api-token-file",
         "/etc/poolkeeper/api/tokens",
     ]
+    logs = _container(render(SCENARIOS["logs"]))["args"]
+    assert logs[logs.index("--log-format") :][:3] == ["--log-format", "json", "--access-log"]
     args = _container(render(SCENARIOS["namespaces"]))["args"]
     assert args[args.index("--namespace") :][:4] == [
         "--namespace",
@@ -597,12 +615,9 @@ def test_grafana_dashboard_uses_the_contract_metrics() -> None:
     dashboard = json.loads(config_map["data"]["poolkeeper.json"])
     assert dashboard["uid"] == "poolkeeper"
     expressions = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
-    used = {
-        re.sub(r"_bucket$", "", name)
-        for e in expressions
-        for name in re.findall(r"poolkeeper_\w+", e)
-    }
-    assert used == PROMISED_METRICS
+    series = {name for e in expressions for name in re.findall(r"poolkeeper_\w+", e)}
+    assert {re.sub(r"_bucket$", "", name) for name in series} == PROMISED_METRICS
+    assert series <= set(exported_series())  # the alert rules get the same check
     panel_ids = [panel["id"] for panel in dashboard["panels"]]
     assert len(panel_ids) == len(set(panel_ids))
 

@@ -73,6 +73,7 @@ class Harness:
         reconcile: bool = True,
         prune: bool = False,
         allow_empty: bool = False,
+        access_log: bool = False,
         clock: Clock = utcnow,
         poseidon: PoseidonSettings | None = None,
         tokens_text: str = TOKEN + "\n",
@@ -88,6 +89,7 @@ class Harness:
             prune=prune,
             allow_empty=allow_empty,
             poseidon=poseidon or PoseidonSettings(),
+            access_log=access_log,
         )
         controller = Controller(
             settings, NomadConfig.from_env({"NOMAD_ADDR": self.server.url}), clock=clock

@@ -27,6 +27,9 @@ PROMISED_METRICS = [
     'poolkeeper_nomad_requests_total{code="200",endpoint="/v1/jobs"}',
     'poolkeeper_nomad_requests_total{code="200",endpoint="/v1/var/:path"}',
     'poolkeeper_event_stream_up{namespace="default"} 1.0',
+    'poolkeeper_pool_condition{pool="default/py",type="Ready"} 1.0',
+    'poolkeeper_pool_condition{pool="default/py",type="Degraded"} 0.0',
+    'poolkeeper_pool_lease_held{pool="default/py"} 1.0',
 ]
 
 
@@ -43,6 +46,17 @@ async def test_metrics_carry_the_contract_series(harness: Harness, tmp_path):
     for series in PROMISED_METRICS:
         assert series in text, series
     assert claim["runnerId"] in [r.id for r in controller.engine.pools["default/py"].runners]
+
+
+async def test_a_stopped_event_stream_watcher_leaves_no_series(harness: Harness, tmp_path):
+    """A passive operator replica stops its watchers: no stream of it is down."""
+    controller = await harness.start(write_pools(tmp_path / "p.yaml", pool_doc("py", idle=1)))
+    await harness.settled(controller)
+    _, text = await harness.api(controller, "GET", "/metrics", token=None)
+    assert 'poolkeeper_event_stream_up{namespace="default"} 1.0' in text
+    await controller.stop_watchers()
+    _, text = await harness.api(controller, "GET", "/metrics", token=None)
+    assert "poolkeeper_event_stream_up{" not in text
 
 
 async def test_openapi_document_matches_the_routes(harness: Harness, tmp_path):

@@ -5,6 +5,7 @@ pool."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -38,7 +39,14 @@ API_TOKEN = "api-token-9f2c1e7d"
 
 
 class Process:
-    def __init__(self, pools: Path, nomad: str, tmp_path: Path, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        pools: Path,
+        nomad: str,
+        tmp_path: Path,
+        env: dict[str, str] | None = None,
+        options: tuple[str, ...] = (),
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         tokens = tmp_path / "api-tokens"
@@ -47,7 +55,7 @@ class Process:
         self.args = [
             sys.executable, "-m", "controller", "run", "--pools", str(pools),
             "--listen", f"127.0.0.1:{self.port}", "--resync-seconds", "1",
-            "--api-token-file", str(tokens),
+            "--api-token-file", str(tokens), *options,
         ]  # fmt: skip
         self.env = {**os.environ, "NOMAD_ADDR": nomad, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
@@ -289,7 +297,7 @@ async def test_two_processes_with_different_specs_never_fight_and_hand_over(slow
 
         async def four_waits() -> bool:
             conditions = {c["type"]: c for c in (await pool_status(four)).get("conditions", [])}
-            return conditions.get("Ready", {}).get("reason") == "LeaseHeldElsewhere"
+            return bool(conditions.get("Ready", {}).get("reason") == "LeaseHeldElsewhere")
 
         await wait_until(four_waits, within=15, what="LeaseHeldElsewhere")
         await asyncio.sleep(4.0)  # four resyncs of both: still nobody else writes
@@ -343,3 +351,31 @@ async def test_two_processes_with_different_specs_never_fight_and_hand_over(slow
 
 async def _holds(sim: Simulator, holder: str) -> bool:
     return lease_holder(sim, "default/py") == holder
+
+
+async def test_json_logs_and_the_access_log(sim_server, tmp_path):
+    """Every line is a JSON object, the domain events carry their pool and reason, and
+    the access log names route templates only."""
+    pools = write_pools(tmp_path / "pools.yaml", pool_doc("py", idle=1))
+    options = ("--log-format", "json", "--access-log")
+    process = Process(pools, sim_server.url, tmp_path, options=options)
+    process.start()
+    auth = {"Authorization": f"Bearer {API_TOKEN}"}
+    try:
+        await wait_until(process.ready, within=30, what="the controller")
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(process.url + "/v1/runners/py-0123456789ab", headers=auth) as response,
+        ):
+            assert response.status == 404
+    finally:
+        assert await process.signal(signal.SIGTERM) == 0
+    entries = [json.loads(line) for line in process.output().splitlines()]
+    assert all({"time", "level", "logger", "message"} <= set(e) for e in entries)
+    lease = next(e for e in entries if e.get("reason") == "LeaseAcquired")
+    assert (lease["level"], lease["pool"]) == ("INFO", "default/py")
+    access = [e for e in entries if e["logger"] == "controller.api.access_log"]
+    assert [(e["method"], e["route"], e["status"]) for e in access] == [
+        ("GET", "/v1/runners/{runnerId}", 404)
+    ]
+    assert API_TOKEN not in process.output() and "0123456789ab" not in process.output()

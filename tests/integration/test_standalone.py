@@ -4,6 +4,7 @@ prefix conflicts and deletion policies."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -235,17 +236,22 @@ async def test_drain_waits_for_claimed_runners_and_resumes_after_restart(
     await wait_until(drained, what="the drain to finish")
 
 
-async def test_orphans_are_left_alone_unless_pruned(harness: Harness, tmp_path):
+async def test_orphans_are_left_alone_unless_pruned(harness: Harness, tmp_path, caplog):
     pools = write_pools(tmp_path / "pools.yaml", pool_doc("keep", idle=1), pool_doc("old", idle=2))
     controller = await harness.start(pools)
     await harness.settled(controller)
     await harness.stop(controller)
     write_pools(pools, pool_doc("keep", idle=1))
     # Without --prune the runners of the pool that vanished while we were down stay.
-    survivor = await harness.start(pools)
-    await harness.settled(survivor)
+    with caplog.at_level(logging.WARNING, logger="controller.engine.drains"):
+        survivor = await harness.start(pools)
+        await harness.settled(survivor)
     old = [j for j in await harness.jobs(survivor) if j["Meta"][META_POOL] == "default/old"]
     assert len([j for j in old if j["Status"] != "dead"]) == 2
+    assert caplog.messages == [
+        "namespace default holds runner jobs of pool default/old, which is not defined: "
+        "left alone (orphaned; --prune drains them)"
+    ]
     await harness.stop(survivor)
     pruner = await harness.start(pools, prune=True)
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.operator.conftest import CRD_FILE, ROOT, Cluster
+from tests.operator.conftest import CRD_FILE, GROUP, PLURAL, ROOT, Cluster, install
+from tests.operator.fake_k8s import FakeKubernetes
 from tests.support.waiting import wait_until
 
 EXAMPLES = ROOT / "examples" / "pools.yaml"
@@ -97,3 +98,19 @@ async def test_kubectl_applies_the_crd_and_the_example_pools(
     assert code == 0, out
     assert cluster.pool("java-21.temurin") is None
     assert cluster.jobs("java-21.temurin") == []
+
+
+async def test_the_example_pools_apply_to_the_namespace_given(
+    fake: FakeKubernetes, tmp_path: Path
+) -> None:
+    """docs/operator.md, step 4: `kubectl apply -f examples/pools.yaml -n poolkeeper`."""
+    install(fake)
+    fake.anonymous = True
+    config = fake.kubeconfig(tmp_path / "kubeconfig")
+    code, out = await kubectl(
+        config, "apply", "--validate=false", "-f", str(EXAMPLES), "-n", "poolkeeper"
+    )
+    assert code == 0, out
+    assert out.count("created") == 3, out
+    names = {item["metadata"]["name"] for item in fake.items(GROUP, PLURAL, "poolkeeper")}
+    assert names == {"python-312", "java-21.temurin", "node-22-web"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -98,6 +99,24 @@ async def test_delete_policy_orphan_leaves_nomad_alone(cluster: Cluster) -> None
     await cluster.k8s("DELETE", cluster.pool_path("kept"))
     await wait_until(lambda: cluster.pool("kept") is None, what="the object to go")
     assert len(cluster.jobs("kept")) == 2
+
+
+async def test_orphans_are_reported_with_what_the_operator_can_do_about_them(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="controller.engine.drains")
+    await cluster.start_operator("--namespace", "default")
+    await cluster.create_pool(pool_doc("kept", idle=1, deletionPolicy="Orphan"))
+    await cluster.create_pool(pool_doc("stays", idle=1))  # the namespace is still reconciled
+    await wait_until(lambda: len(cluster.jobs("kept")) == 1, what="a runner")
+    await cluster.k8s("DELETE", cluster.pool_path("kept"))
+    report = (
+        "namespace default holds runner jobs of pool default/kept, which is not defined: "
+        "left alone (orphaned; a RunnerPool of that namespace, name and job prefix adopts "
+        "them, and deleting it drains them)"
+    )
+    await wait_until(lambda: report in caplog.messages, what="the orphans' report")
+    assert not [m for m in caplog.messages if "--prune" in m]  # the operator has none
 
 
 async def test_drain_waits_for_claimed_runners(cluster: Cluster) -> None:

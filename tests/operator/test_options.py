@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import os
 import signal
 import sys
@@ -15,10 +17,13 @@ from controller.cli import main as cli_main
 from controller.errors import UsageError
 from controller.operator.options import (
     FINALIZER,
+    KOPF_OBJECT_LOGGER,
     PEERING_LIFETIME_SECONDS,
+    HandlerSuccessAtDebug,
     OperatorOptions,
     operator_settings,
     options_from_args,
+    quiet_handler_successes,
 )
 from tests.operator.conftest import Cluster
 from tests.support.documents import pool_doc
@@ -83,6 +88,8 @@ async def test_the_command_runs_against_a_cluster_and_stops_on_sigterm(
         f"127.0.0.1:{port}",
         "--resync-seconds",
         "0.5",
+        "--log-format",
+        "json",
         env={
             **os.environ,
             "KUBECONFIG": str(config),
@@ -109,3 +116,33 @@ async def test_the_command_runs_against_a_cluster_and_stops_on_sigterm(
         _, err = await asyncio.wait_for(process.communicate(), timeout=30)
     assert process.returncode == 0, err.decode()[-2000:]
     assert len(cluster.jobs("cli")) == 1  # stopping never destroys runners
+    # kopf's lines take the same format as poolkeeper's, and a handler's routine success
+    # (kopf logs one per watch event of every pool) is no INFO line.
+    entries = [json.loads(line) for line in err.decode().splitlines()]
+    loggers = {e["logger"] for e in entries}
+    assert {"controller.operator.controller", "kopf.activities.authentication"} <= loggers
+    assert not [e for e in entries if e["message"] == "Handler 'observe' succeeded."]
+
+
+def test_handler_successes_are_debug_lines_and_failures_keep_their_level(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    quiet_handler_successes()
+    quiet_handler_successes()
+    logger = logging.getLogger(KOPF_OBJECT_LOGGER)
+    assert sum(isinstance(f, HandlerSuccessAtDebug) for f in logger.filters) == 1
+    failed = "Handler 'observe' failed with an exception and will try again in 1 seconds: x"
+    with caplog.at_level(logging.INFO):
+        logger.info("Handler 'observe' succeeded.")
+        logger.info("Deletion is processed: 1 succeeded; 0 failed.")
+        logger.error(failed)
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", "Deletion is processed: 1 succeeded; 0 failed."),
+        ("ERROR", failed),
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger=KOPF_OBJECT_LOGGER):
+        logger.info("Handler 'finalize' succeeded.")
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("DEBUG", "Handler 'finalize' succeeded.")
+    ]

@@ -53,3 +53,16 @@ def test_poseidon_options_that_do_not_fit_are_usage_errors(tmp_path, capsys, opt
     code = main(["run", "--pools", str(pools), "--insecure-no-auth", *argv])
     assert code == EXIT_USAGE
     assert capsys.readouterr().err == f"poolkeeper run: {message.format(template=template)}\n"
+
+
+@pytest.mark.parametrize("command", ["run", "operator"])
+def test_log_format_and_access_log_are_options_of_both_controllers(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    usage = capsys.readouterr().out
+    assert "--log-format {text,json}" in usage and "--access-log" in usage
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--pools", "x", "--log-format", "xml"])
+    assert exit_info.value.code == EXIT_USAGE
+    assert "invalid choice: 'xml'" in capsys.readouterr().err

@@ -10,6 +10,7 @@ from controller.core.events import EventKind, PoolEvent
 from controller.core.leases import LeaseItems, LeaseState, lease_path, takeover_seconds
 from controller.engine.leases import Leases
 from controller.nomad.errors import NomadUnavailable
+from controller.nomad.port import LockTerms
 
 KEY = "default/py.312"
 TTL = 10.0
@@ -31,13 +32,7 @@ class FakeLocks:
             raise NomadUnavailable("PUT /v1/var/:path: cannot reach Nomad")
 
     async def acquire_lock(
-        self,
-        path: str,
-        items: dict[str, str],
-        namespace: str,
-        *,
-        ttl_seconds: float,
-        delay_seconds: float,
+        self, path: str, items: dict[str, str], namespace: str, terms: LockTerms
     ) -> dict[str, Any] | None:
         self._check("acquire", path)
         if path in self.held:
@@ -146,6 +141,49 @@ async def test_fencing_by_time_stops_writing_a_ttl_after_the_last_renewal(world)
     port.down = False
     await leases.refresh([KEY])  # the lock was still ours: renewed, held again
     assert leases.holds(KEY)
+
+
+async def test_a_lapse_and_a_recovery_are_said_once_each(world) -> None:
+    port, clock, events, leases = world
+    leases.want(KEY, "default", "spec-a")
+    await leases.refresh([KEY])
+    port.down = True
+    for _ in range(6):  # two TTLs of failing renewals
+        clock.now += TTL / 3
+        await leases.refresh([KEY])
+    assert not leases.holds(KEY)
+    lost = events[1:]
+    assert [e.kind for e in lost] == [EventKind.LEASE_LOST]
+    assert lost[0].message == (
+        "host/1 lost the pool's lease (no renewal succeeded for 10 s: PUT /v1/var/:path: "
+        "cannot reach Nomad) and stopped writing the pool"
+    )
+    port.down = False
+    clock.now += TTL / 3
+    await leases.refresh([KEY])  # Nomad had not freed the lock yet: ours again
+    assert leases.holds(KEY)
+    assert [e.kind for e in events] == [
+        EventKind.LEASE_ACQUIRED,
+        EventKind.LEASE_LOST,
+        EventKind.LEASE_ACQUIRED,
+    ]
+
+
+async def test_a_lapsed_lease_that_nomad_freed_is_not_said_lost_twice(world) -> None:
+    port, clock, events, leases = world
+    leases.want(KEY, "default", "spec-a")
+    await leases.refresh([KEY])
+    port.down = True
+    for _ in range(4):
+        clock.now += TTL / 3
+        await leases.refresh([KEY])
+    port.down = False
+    port.held[lease_path(KEY)] = "taken-over"
+    clock.now += TTL / 3
+    await leases.refresh([KEY])  # refused: the lapse was said already
+    assert not leases.holds(KEY)
+    assert [e.kind for e in events] == [EventKind.LEASE_ACQUIRED, EventKind.LEASE_LOST]
+    assert "no renewal succeeded" in events[1].message
 
 
 async def test_a_refused_renewal_loses_the_lease_and_says_so(world) -> None:

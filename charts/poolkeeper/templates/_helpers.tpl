@@ -82,3 +82,12 @@ Poseidon API is off or has no template.
 {{- toYaml .Values.poseidon.environmentTemplate }}
 {{- end }}
 {{- end }}
+
+{{/*
+The window of PoolkeeperNoReconcilePass: 3 resync periods, but at least
+prometheusRule.minimumWindowSeconds, since increase() needs two scrapes in its window.
+*/}}
+{{- define "poolkeeper.reconcileWindow" -}}
+{{- $periods := mulf 3 .Values.resyncSeconds | ceil | int }}
+{{- max $periods (int .Values.prometheusRule.minimumWindowSeconds) }}s
+{{- end }}

@@ -1,0 +1,26 @@
+"""`python -m controller.lab.chaos`: the soak without the `poolkeeper` command."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+
+from controller.lab import chaos
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m controller.lab.chaos", description=chaos.__doc__
+    )
+    parser.add_argument("--minutes", type=float, default=5.0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", dest="json_file")
+    parser.add_argument("--markdown", help="write docs/reliability.md from the report")
+    parser.add_argument("--workdir", help="keep the controller logs in this folder")
+    return parser
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(chaos.main(_parser().parse_args()))

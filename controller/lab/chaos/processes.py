@@ -1,0 +1,169 @@
+"""The soak's controllers: `python -m controller run` subprocesses against the simulator,
+each with its own pools file, port and logs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from controller.lab.chaos.world import NAMESPACE, POOLS
+
+TOKEN = "chaos-token"
+RESYNC_SECONDS = 2.0
+# The second controller reconciles the same pools with this many more idle runners: were
+# it ever to write a pool it does not hold, the pools would not converge.
+RIVAL_EXTRA_IDLE = 1
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def pools_file(folder: Path, extra_idle: int) -> Path:
+    """The soak's pools as RunnerPool documents, `extra_idle` more idle runners each."""
+    path = folder / "pools.yaml"
+    documents = [
+        {
+            "apiVersion": "poolkeeper.dev/v1alpha1",
+            "kind": "RunnerPool",
+            "metadata": {"name": p.name, "namespace": NAMESPACE},
+            "spec": {
+                "idleRunners": p.idle + extra_idle,
+                "maxRunners": p.max_runners,
+                "startupTimeoutSeconds": 10,
+                "claims": {"defaultInactivityTimeoutSeconds": 30},
+                "runner": {"image": f"{p.name}:latest"},
+            },
+        }
+        for p in POOLS
+    ]
+    path.write_text(yaml.safe_dump_all(documents))
+    return path
+
+
+class ControllerProcess:
+    """`python -m controller run` against the simulator; SIGKILLed, stopped, restarted."""
+
+    def __init__(self, workdir: Path, sim_url: str, port: int, pools_file: Path) -> None:
+        self.workdir = workdir
+        self.sim_url = sim_url
+        self.port = port
+        self.pools_file = pools_file
+        self.token_file = workdir / "tokens"
+        self.token_file.write_text(TOKEN + "\n")
+        self.proc: asyncio.subprocess.Process | None = None
+        self.incarnation = 0
+        self.started_at = 0.0
+        self.logs: list[Path] = []
+        self.pids: list[int] = []
+        self.unexpected_exits: list[str] = []
+        self.stopping = False
+        self._watch: asyncio.Task[None] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        self.incarnation += 1
+        log_path = self.workdir / f"controller-{self.incarnation}.log"
+        self.logs.append(log_path)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("NOMAD_", "POOLKEEPER_"))}
+        env["NOMAD_ADDR"] = self.sim_url
+        env["PYTHONUNBUFFERED"] = "1"
+        with log_path.open("wb") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "controller",
+                "run",
+                "--pools",
+                str(self.pools_file),
+                "--listen",
+                f"127.0.0.1:{self.port}",
+                "--resync-seconds",
+                str(RESYNC_SECONDS),
+                "--api-token-file",
+                str(self.token_file),
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        self.pids.append(self.proc.pid)
+        self.started_at = time.monotonic()
+        self._watch = asyncio.create_task(self._watch_exit(self.proc, self.incarnation))
+
+    async def _watch_exit(self, proc: asyncio.subprocess.Process, incarnation: int) -> None:
+        code = await proc.wait()
+        if self.proc is not proc:
+            return  # the driver killed or stopped it
+        self.unexpected_exits.append(
+            f"controller incarnation {incarnation} exited by itself with code {code}"
+        )
+        # As a supervisor (systemd, Kubernetes) would: start it again after a second.
+        await asyncio.sleep(1.0)
+        if not self.stopping and self.proc is proc:
+            await self.start()
+
+    async def kill(self) -> None:
+        """SIGKILL: no chance to clean up, as after a node crash."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.returncode is None:
+            proc.send_signal(signal.SIGKILL)
+            await proc.wait()
+
+    async def terminate(self) -> float:
+        """SIGTERM, as a rolling restart does; the seconds until the process exited."""
+        proc, self.proc = self.proc, None
+        started = time.monotonic()
+        if proc is not None and proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), 15)
+            except TimeoutError:
+                self.unexpected_exits.append("controller did not exit within 15 s of SIGTERM")
+                proc.send_signal(signal.SIGKILL)
+                await proc.wait()
+        return time.monotonic() - started
+
+    async def ensure_running(self) -> None:
+        if self.proc is None or self.proc.returncode is not None:
+            await self.start()
+
+    async def stop(self) -> None:
+        self.stopping = True
+        await self.terminate()
+        if self._watch is not None:
+            await asyncio.gather(self._watch, return_exceptions=True)
+
+    def tracebacks(self) -> list[str]:
+        found = []
+        for path in self.logs:
+            lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+            for number, line in enumerate(lines):
+                if "Traceback (most recent call last)" in line:
+                    tail = next(
+                        (x for x in lines[number + 1 : number + 60] if not x.startswith(" ")),
+                        "",
+                    )
+                    found.append(f"{path.name}:{number + 1}: traceback: {tail.strip()[:300]}")
+        return found
+
+    def error_lines(self) -> list[str]:
+        found = []
+        for path in self.logs:
+            if path.exists():
+                for line in path.read_text(errors="replace").splitlines():
+                    if " ERROR " in line:
+                        found.append(f"{path.name}: {line[:300]}")
+        return found
