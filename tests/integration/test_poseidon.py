@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,12 +16,14 @@ import aiohttp
 import pytest
 
 from controller.core.runner_ids import META_POOL
+from controller.lab.simulator import SimServer
 from controller.poseidon.app import EnvironmentMode, PoseidonSettings
 from controller.standalone import Controller
 from tests.support.documents import pool_doc
 from tests.support.waiting import wait_until
 
 from .conftest import TOKEN, FakeClock, Harness, write_pools
+from .test_process import API_TOKEN, Process
 
 LABEL = "poolkeeper.dev/poseidon-environment"
 NO_RUNNER = b'{"message":"abstract manager wrapped: no runner found with this id"}'
@@ -630,3 +633,50 @@ async def test_managed_environments_reach_every_replica(
         return answer.status == 404
 
     await wait_until(drained, what="the writer to learn of the deletion")
+
+
+@pytest.mark.slow
+async def test_poolkeeper_run_as_a_process(
+    sim_server: SimServer, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """The command line as docs/poseidon.md gives it: managed environments from a template,
+    the --access-log on (the Poseidon-Token must never reach the log)."""
+    template = tmp_path / "template.yaml"
+    template.write_text("metadata: {namespace: codeocean}\nspec: {maxRunners: 10}\n")
+    pools = write_pools(tmp_path / "pools.yaml", environment_pool("python", 10, 1))
+    process = Process(pools, sim_server.url, tmp_path)
+    process.args += [
+        "--poseidon-api", "--poseidon-environments", "managed",
+        "--poseidon-environment-template", str(template), "--access-log",
+    ]  # fmt: skip
+    process.start()
+    headers = {"Poseidon-Token": API_TOKEN, "Content-Type": "application/json"}
+    base = process.url + "/api/v1"
+    try:
+        await wait_until(process.ready, within=30, what="the controller")
+        async with http.put(
+            base + "/execution-environments/11", json=synced(11, size=1), headers=headers
+        ) as response:
+            assert response.status == 201
+
+        async def idle() -> bool:
+            async with http.get(
+                base + "/statistics/execution-environments", headers=headers
+            ) as response:
+                stats = await response.json()
+            return "11" in stats and stats["11"]["idleRunners"] == 1
+
+        await wait_until(idle, within=30, what="environment 11's runner")
+        async with http.post(
+            base + "/runners", json={"executionEnvironmentId": 11}, headers=headers
+        ) as response:
+            assert response.status == 200
+            runner_id = (await response.json())["runnerId"]
+        assert runner_id.startswith("environment-11-")
+        async with http.delete(base + f"/runners/{runner_id}", headers=headers) as response:
+            assert response.status == 204
+    finally:
+        assert await process.signal(signal.SIGTERM) == 0
+    output = process.output()
+    assert "PUT /api/v1/execution-environments/{id} 201" in output
+    assert API_TOKEN not in output and "Traceback" not in output
