@@ -168,8 +168,15 @@ class ObjectMeta(BaseModel):
 
     @field_validator("labels", mode="before")
     @classmethod
-    def _null_labels_are_none(cls, value: Any) -> Any:
-        return {} if value is None else value  # `labels:` with nothing under it
+    def _labels_are_strings(cls, value: Any) -> Any:
+        if value is None:
+            return {}  # `labels:` with nothing under it
+        if isinstance(value, Mapping):
+            for key, label in value.items():
+                if isinstance(key, str) and isinstance(label, int | float | bool):
+                    # YAML reads `10` and `true` as numbers and booleans.
+                    raise _invalid(f'must be a string: quote it ("{json.dumps(label)}")', key)
+        return value
 
     @field_validator("labels")
     @classmethod

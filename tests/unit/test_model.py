@@ -149,7 +149,8 @@ def test_labels_kubernetes_accepts(labels: dict[str, str] | None) -> None:
 @pytest.mark.parametrize(
     ("labels", "message"),
     [
-        ({"app": 5}, "input should be a valid string"),
+        ({"app": 5}, 'must be a string: quote it ("5")'),
+        ({"app": ["x"]}, "input should be a valid string"),
         ({"a b": "x"}, "the key's name must be"),
         ({"Example.COM/x": "y"}, "the key's prefix must be a DNS-1123 subdomain"),
         ({"x" * 64: "y"}, "the key's name must be"),
