@@ -595,7 +595,9 @@ async def test_a_restarted_controller_serves_the_environments_nomad_keeps(
     jobs = set(images(harness, "environment-11-"))
     await harness.stop(first)
 
-    second = await start(harness, tmp_path, poseidon=MANAGED)
+    # With --prune the environments are read before the first pass: their runners are
+    # never taken for orphans.
+    second = await start(harness, tmp_path, poseidon=MANAGED, prune=True)
     restarted = CodeOcean(http, second)
     environment = (await restarted.call("GET", "/execution-environments/11")).json()
     assert environment == {
@@ -607,6 +609,26 @@ async def test_a_restarted_controller_serves_the_environments_nomad_keeps(
     assert {job["Meta"][META_POOL] for job in await harness.jobs(second)} == {
         "poseidon/environment-11"
     }
+
+
+async def test_a_variable_edited_into_nonsense_keeps_the_last_valid_pool(
+    harness: Harness, tmp_path: Path, http, caplog: pytest.LogCaptureFixture
+) -> None:
+    controller = await start(harness, tmp_path, poseidon=MANAGED)
+    codeocean = CodeOcean(http, controller)
+    assert (await codeocean.call("PUT", "/execution-environments/11", synced(11))).status == 201
+    await harness.settled(controller)
+    path = "poolkeeper/environments/11"
+    stored = harness.sim.variables("default")[path]
+    nonsense = {**stored["Items"], "cpuLimit": "lots"}
+    harness.sim.put_variable("default", path, nonsense, stored["ModifyIndex"])
+    assert controller.environments is not None
+    await controller.environments.refresh()
+    assert "item cpuLimit must be a decimal number" in caplog.text
+    environment = (await codeocean.call("GET", "/execution-environments/11")).json()
+    assert environment["cpuLimit"] == 20  # the last valid version runs on
+    await harness.settled(controller)
+    assert len(images(harness, "environment-11-")) == 2
 
 
 async def test_managed_environments_reach_every_replica(
