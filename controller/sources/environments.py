@@ -339,7 +339,15 @@ class EnvironmentStore:
                 if variable is not None:
                     found[env_id] = self._read(env_id, path, variable, known)
             for env_id in self._stored.keys() - found.keys():
-                self._remove(self._stored[env_id])
+                # Nomad leaves out of a list, silently, what the token may not read: a
+                # variable is gone only when reading it says so (a 403 stops the refresh).
+                path = ENVIRONMENTS_PREFIX + str(env_id)
+                variable = await self._port.read_variable(path, self._namespace)
+                if variable is None:
+                    self._remove(self._stored[env_id])
+                else:
+                    self._warn_once(path, 0, "missing from the list but readable: kept")
+                    found[env_id] = self._read(env_id, path, variable, self._stored[env_id])
             self._stored = found
             self._register()
 

@@ -12,6 +12,9 @@ import pytest
 from controller.claims.service import ClaimRequest
 from controller.lab.simulator import SimServer, Simulator, start_sim
 from controller.nomad.config import NomadConfig
+from controller.nomad.errors import NomadError
+from controller.poseidon.app import EnvironmentMode, PoseidonSettings
+from controller.sources.environments import Environment
 from controller.standalone import Controller, Settings
 from tests.support.documents import pool_doc
 from tests.support.waiting import wait_until
@@ -36,12 +39,15 @@ def token_with(sim: Simulator, rules: str) -> str:
     return str(token["SecretID"])
 
 
-async def controller_with(server: SimServer, token: str, tmp_path: Path) -> Controller:
+async def controller_with(
+    server: SimServer, token: str, tmp_path: Path, poseidon: PoseidonSettings | None = None
+) -> Controller:
     settings = Settings(
         pools_path=write_pools(tmp_path / "p.yaml", pool_doc("py", idle=2)),
         listen=("127.0.0.1", 0),
         insecure_no_auth=True,
         resync_seconds=0.5,
+        poseidon=poseidon or PoseidonSettings(),
     )
     nomad = NomadConfig.from_env({"NOMAD_ADDR": server.url, "NOMAD_TOKEN": token})
     controller = Controller(settings, nomad)
@@ -69,6 +75,44 @@ async def test_the_controller_works_with_a_token_of_exactly_the_example_policy(
             "poolkeeper_nomad_requests_total", {"endpoint": "/v1/jobs", "code": "403"}
         )
         assert errors is None  # nothing was refused
+    finally:
+        await controller.stop()
+
+
+async def test_managed_poseidon_environments_work_with_the_example_policy(
+    acl_server: tuple[Simulator, SimServer], tmp_path: Path
+) -> None:
+    sim, server = acl_server
+    managed = PoseidonSettings(enabled=True, environments=EnvironmentMode.MANAGED)
+    token = token_with(sim, POLICY.read_text())
+    controller = await controller_with(server, token, tmp_path, managed)
+    try:
+        store = controller.environments
+        assert store is not None
+        assert await store.put(Environment(11, 1, 20, 256, "python:3.12-slim", False))  # created
+
+        async def served() -> bool:
+            view = controller.engine.pools.get("poseidon/environment-11")
+            return bool(view and view.status and view.status.counts.idle == 1)
+
+        await wait_until(served, what="the managed environment's runner")
+        for endpoint in ("/v1/vars", "/v1/var/:path"):
+            denied = controller.metrics.registry.get_sample_value(
+                "poolkeeper_nomad_requests_total", {"endpoint": endpoint, "code": "403"}
+            )
+            assert denied is None, endpoint
+
+        # Nomad leaves out of a list, without an error, the variables a token may not
+        # read: a policy that loses them must not drain the environments.
+        narrower = POLICY.read_text().replace(
+            'path "poolkeeper/*" {',
+            'path "poolkeeper/environments/*" {\n      capabilities = ["deny"]\n    }\n'
+            '    path "poolkeeper/*" {',
+        )
+        sim.put_policy("poolkeeper", {"Name": "poolkeeper", "Rules": narrower})
+        with pytest.raises(NomadError):
+            await store.refresh()
+        assert controller.engine.pools["poseidon/environment-11"].active
     finally:
         await controller.stop()
 
