@@ -181,8 +181,10 @@ async def put_environment(request: web.Request) -> web.Response:
         exposed_ports=tuple(body["exposedPorts"] or ()),
     )
     context = poseidon(request)
-    view = context.serving(scope(request)).get(env_id)
+    view = context.serving().get(env_id)
     if view is not None and not context.is_managed(view):
+        if not scope(request).allows(view.key):
+            raise PoseidonError(409, f"this token may not act on execution environment {env_id}")
         differences = described(view).differences(wanted)
         if not differences:
             return web.Response(status=204)
@@ -260,7 +262,7 @@ async def claim_runner(request: web.Request) -> web.Response:
     view = poseidon(request).serving(scope(request)).get(env_id)
     if view is None:
         raise PoseidonError(404, NO_ENVIRONMENT)
-    limit = described_limits(view)
+    limit = longest_inactivity(view)
     if timeout < 0:
         raise bad_request(f"inactivityTimeout {timeout} must not be negative")
     if timeout > limit:
@@ -278,7 +280,7 @@ async def claim_runner(request: web.Request) -> web.Response:
     return answer({"runnerId": claim["runnerId"], "mappedPorts": []})
 
 
-def described_limits(view: PoolView) -> int:
+def longest_inactivity(view: PoolView) -> int:
     """The longest inactivity timeout the pool allows (also what 0 means)."""
     assert view.pool is not None
     return view.pool.spec.claims.max_inactivity_timeout_seconds
@@ -346,6 +348,8 @@ async def poseidon_middleware(request: web.Request, handler: Handler) -> web.Str
         return error.response()
     except ServiceError as error:
         return from_service_error(error).response()
+    except web.HTTPException as error:  # aiohttp's own refusals, as a Go server's: empty
+        return web.Response(status=error.status)
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return PoseidonError(500, "internal error", ErrorCode.UNKNOWN).response()

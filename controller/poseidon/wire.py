@@ -86,6 +86,8 @@ async def read_struct(request: web.Request, struct: GoStruct) -> JSON:
             raw = await request.read()
     except TimeoutError:
         raise bad_request("the body did not arrive in time") from None
+    except web.HTTPRequestEntityTooLarge:
+        raise PoseidonError(413, "the request body is too large") from None
     text = raw.decode("utf-8", errors="replace")
     try:
         return decode_struct(text, struct)

@@ -425,6 +425,10 @@ async def _statistics(codeocean: CodeOcean, token: str) -> dict[str, Any]:
             b'{"message":"could not parse fetch parameter: strconv.ParseBool: parsing '
             b'\\"maybe\\": invalid syntax"}',
         ),
+        (
+            "PUT", "/execution-environments/10", b'{"image": "' + b"x" * 70000 + b'"}', 413,
+            b'{"message":"the request body is too large"}',
+        ),
         ("GET", "/execution-environments/ten", None, 404, b""),
         ("GET", "/no-such-route", None, 404, b""),
         ("POST", "/health", None, 405, b""),
@@ -505,7 +509,10 @@ async def managed_with_a_claim(
 async def test_managed_environments_are_pools_kept_in_nomad(
     harness: Harness, tmp_path: Path, http
 ) -> None:
-    controller = await start(harness, tmp_path, environment_pool("python", 10), poseidon=MANAGED)
+    tokens = f"{TOKEN}\nmanaged-only poseidon/*\nfiles-only default/*\n"
+    controller = await start(
+        harness, tmp_path, environment_pool("python", 10), poseidon=MANAGED, tokens_text=tokens
+    )
     codeocean = CodeOcean(http, controller)
 
     created = await codeocean.call("PUT", "/execution-environments/11", synced(11, size=3))
@@ -527,6 +534,15 @@ async def test_managed_environments_are_pools_kept_in_nomad(
     changed = await codeocean.call("PUT", "/execution-environments/10", synced(10, size=5))
     assert changed.status == 409
     assert (await codeocean.call("DELETE", "/execution-environments/10")).status == 409
+    # A token that does not cover the file pool cannot make a managed copy of it either.
+    hidden = await codeocean.call(
+        "PUT", "/execution-environments/10", synced(10), token="managed-only"
+    )
+    assert hidden.json() == {"message": "this token may not act on execution environment 10"}
+    outside = await codeocean.call(
+        "PUT", "/execution-environments/13", synced(13), token="files-only"
+    )
+    assert outside.json() == {"message": "this token may not act on pool poseidon/environment-13"}
     # An environment that makes no pool changes nothing.
     invalid = await codeocean.call("PUT", "/execution-environments/12", synced(12, cpuLimit=0))
     assert invalid.json() == {"message": "cpuLimit: input should be greater than or equal to 1"}
