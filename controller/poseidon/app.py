@@ -181,19 +181,19 @@ async def put_environment(request: web.Request) -> web.Response:
         exposed_ports=tuple(body["exposedPorts"] or ()),
     )
     context = poseidon(request)
-    view = context.serving().get(env_id)
+    view, store = context.serving().get(env_id), context.store
     if view is not None and not context.is_managed(view):
-        if not scope(request).allows(view.key):
+        if scope(request).allows(view.key):
+            differences = described(view).differences(wanted)
+            if not differences:
+                return web.Response(status=204)
+            raise PoseidonError(
+                409,
+                f"execution environment {env_id} is pool {view.key}, where "
+                f"{'; '.join(differences)}: change the pool, not the environment",
+            )
+        if store is not None:  # a managed copy would only shadow the pool
             raise PoseidonError(409, f"this token may not act on execution environment {env_id}")
-        differences = described(view).differences(wanted)
-        if not differences:
-            return web.Response(status=204)
-        raise PoseidonError(
-            409,
-            f"execution environment {env_id} is pool {view.key}, where "
-            f"{'; '.join(differences)}: change the pool, not the environment",
-        )
-    store = context.store
     if store is None:
         raise PoseidonError(
             409,

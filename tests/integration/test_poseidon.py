@@ -375,6 +375,10 @@ async def test_a_scoped_token_sees_only_its_environments(
     assert (claim.status, claim.body) == (404, NO_ENVIRONMENT)
     release = await codeocean.call("DELETE", f"/runners/{python_runner}", token="java-token")
     assert (release.status, release.body) == (410, NO_RUNNER)
+    sync = await codeocean.call("PUT", "/execution-environments/10", synced(10), token="java-token")
+    assert sync.status == 409 and sync.json()["message"].startswith("no pool serves")
+    delete = await codeocean.call("DELETE", "/execution-environments/10", token="java-token")
+    assert (delete.status, delete.body) == (404, b"")
     assert harness.sim.variables("default") == before  # the runner is still claimed
 
     java = await codeocean.claim(20, token="java-token")
