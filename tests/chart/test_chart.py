@@ -47,6 +47,11 @@ SCENARIOS: Final[dict[str, dict[str, str]]] = {
     "namespaces": {"watch.namespaces": '["team-a", "team-b"]'},
     "nomadTls": {"nomad.caCert": "true", "nomad.clientCert": "true"},
     "insecureNoAuth": {"apiTokens.insecureNoAuth": "true"},
+    "apiTls": {
+        "apiTls.secretName": '"poolkeeper-api-tls"',
+        "serviceMonitor.enabled": "true",
+        "serviceMonitor.tlsConfig": '{"serverName": "poolkeeper"}',
+    },
     "everything": {
         "serviceMonitor.enabled": "true",
         "podDisruptionBudget.enabled": "true",
@@ -190,6 +195,7 @@ def test_values_schema_rejects_a_misspelled_key(key: str, value: str, misspelled
         ("prometheusRule.claimErrorRatio", "5"),
         ("prometheusRule.alertLabels", '{"severity": "page"}'),
         ("prometheusRule.severities.PoolkeeperClaimErrors", '""'),
+        ("apiTls.secretName", '"Not_A_Secret"'),
     ],
 )
 def test_values_schema_rejects_bad_values(key: str, value: str) -> None:
@@ -615,3 +621,26 @@ def test_chart_files_are_all_used() -> None:
     on_disk = (CHART / "dashboards" / "poolkeeper.json").read_text(encoding="utf-8")
     assert json.loads(config_map["data"]["poolkeeper.json"]) == json.loads(on_disk)
     assert Path(CHART / "templates" / "NOTES.txt").is_file()
+
+
+def test_api_tls_serves_https_to_probes_and_prometheus() -> None:
+    manifests = render(SCENARIOS["apiTls"])
+    container = _container(manifests)
+    args = container["args"]
+    assert args[args.index("--tls-cert") :][:4] == [
+        "--tls-cert",
+        "/etc/poolkeeper/api-tls/tls.crt",
+        "--tls-key",
+        "/etc/poolkeeper/api-tls/tls.key",
+    ]
+    files = _mounted_secret_files(manifests)
+    assert files["/etc/poolkeeper/api-tls/tls.crt"] == ("poolkeeper-api-tls", "tls.crt")
+    assert files["/etc/poolkeeper/api-tls/tls.key"] == ("poolkeeper-api-tls", "tls.key")
+    assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    endpoint = only(manifests, "ServiceMonitor")["spec"]["endpoints"][0]
+    assert (endpoint["scheme"], endpoint["tlsConfig"]) == ("https", {"serverName": "poolkeeper"})
+    # Without it: plain HTTP everywhere.
+    plain = render({"serviceMonitor.enabled": "true"})
+    assert "--tls-cert" not in _container(plain)["args"]
+    assert "scheme" not in _container(plain)["readinessProbe"]["httpGet"]
+    assert "scheme" not in only(plain, "ServiceMonitor")["spec"]["endpoints"][0]
