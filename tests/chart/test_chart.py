@@ -56,6 +56,11 @@ SCENARIOS: Final[dict[str, dict[str, str]]] = {
             {"metadata": {"namespace": "codeocean"}, "spec": {"maxRunners": 50}}
         ),
     },
+    "apiTls": {
+        "apiTls.secretName": '"poolkeeper-api-tls"',
+        "serviceMonitor.enabled": "true",
+        "serviceMonitor.tlsConfig": '{"serverName": "poolkeeper"}',
+    },
     "everything": {
         "serviceMonitor.enabled": "true",
         "podDisruptionBudget.enabled": "true",
@@ -202,6 +207,7 @@ def test_values_schema_rejects_a_misspelled_key(key: str, value: str, misspelled
         ("prometheusRule.claimErrorRatio", "5"),
         ("prometheusRule.alertLabels", '{"severity": "page"}'),
         ("prometheusRule.severities.PoolkeeperClaimErrors", '""'),
+        ("apiTls.secretName", '"Not_A_Secret"'),
     ],
 )
 def test_values_schema_rejects_bad_values(key: str, value: str) -> None:
@@ -666,6 +672,8 @@ def test_notes_render(tmp_path: Path) -> None:
     assert "Poseidon" not in notes
     poseidon = render_notes(tmp_path / "c", SCENARIOS["poseidon"])
     assert f"runner_management.url: http://pk-poolkeeper.{NAMESPACE}.svc:8080/api/v1" in poseidon
+    tls = render_notes(tmp_path / "d", {**SCENARIOS["poseidon"], **SCENARIOS["apiTls"]})
+    assert f"runner_management.url: https://pk-poolkeeper.{NAMESPACE}.svc:8080/api/v1" in tls
 
 
 def test_chart_files_are_all_used() -> None:
@@ -674,3 +682,26 @@ def test_chart_files_are_all_used() -> None:
     on_disk = (CHART / "dashboards" / "poolkeeper.json").read_text(encoding="utf-8")
     assert json.loads(config_map["data"]["poolkeeper.json"]) == json.loads(on_disk)
     assert Path(CHART / "templates" / "NOTES.txt").is_file()
+
+
+def test_api_tls_serves_https_to_probes_and_prometheus() -> None:
+    manifests = render(SCENARIOS["apiTls"])
+    container = _container(manifests)
+    args = container["args"]
+    assert args[args.index("--tls-cert") :][:4] == [
+        "--tls-cert",
+        "/etc/poolkeeper/api-tls/tls.crt",
+        "--tls-key",
+        "/etc/poolkeeper/api-tls/tls.key",
+    ]
+    files = _mounted_secret_files(manifests)
+    assert files["/etc/poolkeeper/api-tls/tls.crt"] == ("poolkeeper-api-tls", "tls.crt")
+    assert files["/etc/poolkeeper/api-tls/tls.key"] == ("poolkeeper-api-tls", "tls.key")
+    assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    endpoint = only(manifests, "ServiceMonitor")["spec"]["endpoints"][0]
+    assert (endpoint["scheme"], endpoint["tlsConfig"]) == ("https", {"serverName": "poolkeeper"})
+    # Without it: plain HTTP everywhere.
+    plain = render({"serviceMonitor.enabled": "true"})
+    assert "--tls-cert" not in _container(plain)["args"]
+    assert "scheme" not in _container(plain)["readinessProbe"]["httpGet"]
+    assert "scheme" not in only(plain, "ServiceMonitor")["spec"]["endpoints"][0]

@@ -119,7 +119,10 @@ def make_schedule(seed: int, minutes: float, profile: Profile) -> list[Round]:
         events = []
         for kind in chosen:
             at = rng.uniform(0.5, window * 0.85)
-            duration = rng.uniform(1.0, min(12.0, window - at)) if kind in TIMED else 0.0
+            # The second controller may outlive a takeover (2 x TTL + delay after the
+            # holder's SIGKILL), so that it sometimes wins the lease and writes the pools.
+            longest = window - at if kind == "second_controller" else min(12.0, window - at)
+            duration = rng.uniform(1.0, longest) if kind in TIMED else 0.0
             # Every event draws all six values and keeps its kind's one: the schedule of a
             # seed depends on these draws, so they stay even where a kind needs none.
             value = {
