@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
 from controller.core.claims import claim_path
 from controller.core.views import RunnerState
+from controller.standalone import Controller
 from tests.support.documents import pool_doc
 from tests.support.waiting import wait_until
 
@@ -26,6 +28,18 @@ async def filled(harness: Harness, tmp_path, idle: int = 3, clock=None, **spec):
     controller = await (harness.start(pools, clock=clock) if clock else harness.start(pools))
     await harness.settled(controller)
     return controller, pools
+
+
+async def claimed_on_a_fake_clock(
+    harness: Harness, tmp_path: Path, timeout_seconds: int
+) -> tuple[Controller, FakeClock, str]:
+    """A filled pool whose controller runs on a fake clock, and the runner of one claim
+    with an inactivity timeout of `timeout_seconds`."""
+    clock = FakeClock()
+    controller, _ = await filled(harness, tmp_path, clock=clock)
+    body = {"inactivityTimeoutSeconds": timeout_seconds}
+    _, claim = await harness.api(controller, "POST", CLAIMS, body)
+    return controller, clock, claim["runnerId"]
 
 
 async def test_claim_hands_out_an_idle_runner_and_refills(harness: Harness, tmp_path):
@@ -92,10 +106,7 @@ async def test_request_id_makes_a_claim_idempotent(harness: Harness, tmp_path):
 
 
 async def test_keepalive_moves_the_deadline_and_release_destroys(harness: Harness, tmp_path):
-    clock = FakeClock()
-    controller, _ = await filled(harness, tmp_path, clock=clock)
-    _, claim = await harness.api(controller, "POST", CLAIMS, {"inactivityTimeoutSeconds": 30})
-    runner = claim["runnerId"]
+    controller, clock, runner = await claimed_on_a_fake_clock(harness, tmp_path, 30)
     clock.advance(20)
     status, kept = await harness.api(controller, "POST", f"/v1/runners/{runner}/keepalive")
     assert status == 200
@@ -119,10 +130,7 @@ def parse(stamp: str) -> datetime:
 
 
 async def test_an_expired_claim_is_destroyed_and_answers_expired(harness: Harness, tmp_path):
-    clock = FakeClock()
-    controller, _ = await filled(harness, tmp_path, clock=clock)
-    _, claim = await harness.api(controller, "POST", CLAIMS, {"inactivityTimeoutSeconds": 60})
-    runner = claim["runnerId"]
+    controller, clock, runner = await claimed_on_a_fake_clock(harness, tmp_path, 60)
     clock.advance(59)
     await controller.engine.reconcile_namespace("default")
     assert runner in {j["ID"] for j in await harness.jobs(controller)}
@@ -135,16 +143,12 @@ async def test_an_expired_claim_is_destroyed_and_answers_expired(harness: Harnes
 
 
 async def test_a_keepalive_after_the_deadline_wins_nothing(harness: Harness, tmp_path):
-    clock = FakeClock()
-    controller, _ = await filled(harness, tmp_path, clock=clock)
-    _, claim = await harness.api(controller, "POST", CLAIMS, {"inactivityTimeoutSeconds": 60})
+    controller, clock, runner = await claimed_on_a_fake_clock(harness, tmp_path, 60)
     clock.advance(61)  # the engine has not run yet: the keepalive itself ends the claim
-    status, body = await harness.api(
-        controller, "POST", f"/v1/runners/{claim['runnerId']}/keepalive"
-    )
+    status, body = await harness.api(controller, "POST", f"/v1/runners/{runner}/keepalive")
     assert (status, body["error"]["reason"]) == (410, "Expired")
     await controller.engine.reconcile_namespace("default")
-    assert claim["runnerId"] not in {j["ID"] for j in await harness.jobs(controller)}
+    assert runner not in {j["ID"] for j in await harness.jobs(controller)}
 
 
 async def test_claim_without_keepalive_expires_at_its_deadline(harness: Harness, tmp_path):

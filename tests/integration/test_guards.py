@@ -9,10 +9,12 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from controller.core.runner_ids import META_POOL
+from controller.standalone import Controller
 from tests.support.documents import pool_doc
 from tests.support.waiting import wait_until
 
@@ -27,12 +29,22 @@ async def live_jobs(harness: Harness, pool: str) -> list[str]:
     ]
 
 
+async def settled_on(
+    harness: Harness, tmp_path: Path, *pools: dict[str, Any], allow_empty: bool = False
+) -> tuple[Controller, Path]:
+    """A controller serving `pools` from a pool file, once it has settled; and the file."""
+    pools_file = write_pools(tmp_path / "pools.yaml", *pools)
+    controller = await harness.start(pools_file, allow_empty=allow_empty)
+    await harness.settled(controller)
+    return controller, pools_file
+
+
 async def test_an_emptied_pool_file_is_refused_and_destroys_nothing(
     harness: Harness, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    pools = write_pools(tmp_path / "pools.yaml", pool_doc("a", idle=2), pool_doc("b", idle=1))
-    controller = await harness.start(pools)
-    await harness.settled(controller)
+    controller, pools = await settled_on(
+        harness, tmp_path, pool_doc("a", idle=2), pool_doc("b", idle=1)
+    )
     before = harness.sim.counters["deregister_calls"]
     pools.write_text("")  # what a config tool leaves mid-update
     with caplog.at_level(logging.ERROR):
@@ -48,9 +60,7 @@ async def test_an_emptied_pool_file_is_refused_and_destroys_nothing(
 async def test_allow_empty_lets_an_empty_file_remove_every_pool(
     harness: Harness, tmp_path: Path
 ) -> None:
-    pools = write_pools(tmp_path / "pools.yaml", pool_doc("a", idle=2))
-    controller = await harness.start(pools, allow_empty=True)
-    await harness.settled(controller)
+    controller, pools = await settled_on(harness, tmp_path, pool_doc("a", idle=2), allow_empty=True)
     pools.write_text("")
     controller.reload()
 
@@ -64,9 +74,9 @@ async def test_allow_empty_lets_an_empty_file_remove_every_pool(
 async def test_every_reload_logs_one_line_of_what_changed(
     harness: Harness, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    pools = write_pools(tmp_path / "pools.yaml", pool_doc("keep", idle=1), pool_doc("gone", idle=1))
-    controller = await harness.start(pools)
-    await harness.settled(controller)
+    controller, pools = await settled_on(
+        harness, tmp_path, pool_doc("keep", idle=1), pool_doc("gone", idle=1)
+    )
     write_pools(
         pools,
         pool_doc("keep", idle=2),
@@ -89,7 +99,7 @@ async def test_insecure_no_auth_warns(
     harness: Harness, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from controller.nomad.config import NomadConfig
-    from controller.standalone import Controller, Settings
+    from controller.standalone import Settings
 
     settings = Settings(
         pools_path=write_pools(tmp_path / "p.yaml", pool_doc("a", idle=1)),

@@ -36,12 +36,36 @@ async def start_pair(cluster: Cluster, tmp_path: Path) -> tuple[Replica, Replica
     return active, passive
 
 
+async def pair_with_pool(
+    cluster: Cluster, tmp_path: Path, pool: str, idle: int
+) -> tuple[Replica, Replica]:
+    """The pair, once the active replica has filled a new pool with `idle` runners."""
+    active, passive = await start_pair(cluster, tmp_path)
+    await cluster.create_pool(pool_doc(pool, idle=idle))
+    await wait_until(
+        lambda: len(cluster.jobs(pool)) == idle, what=f"the {idle} runners of pool {pool}"
+    )
+    return active, passive
+
+
+async def start_with_priority(cluster: Cluster, token: str, priority: int) -> Replica:
+    """A replica peering with a fixed priority instead of the chart's random one."""
+    return await cluster.start_operator(
+        "--namespace",
+        "default",
+        "--peering",
+        "poolkeeper",
+        "--priority",
+        str(priority),
+        token=token,
+        lifetime=LIFETIME,
+    )
+
+
 async def test_only_the_active_replica_reconciles_and_is_ready(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    active, passive = await start_pair(cluster, tmp_path)
-    await cluster.create_pool(pool_doc("ha", idle=3))
-    await wait_until(lambda: len(cluster.jobs("ha")) == 3, what="3 runners")
+    active, passive = await pair_with_pool(cluster, tmp_path, "ha", idle=3)
     await wait_until(lambda: cluster.condition("ha", "Ready") is not None, what="a status")
 
     async def active_ready() -> bool:
@@ -64,9 +88,7 @@ async def test_only_the_active_replica_reconciles_and_is_ready(
 async def test_the_passive_replica_takes_over_when_the_active_one_stops(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    active, passive = await start_pair(cluster, tmp_path)
-    await cluster.create_pool(pool_doc("ha", idle=2))
-    await wait_until(lambda: len(cluster.jobs("ha")) == 2, what="2 runners")
+    active, passive = await pair_with_pool(cluster, tmp_path, "ha", idle=2)
 
     started = time.monotonic()
     await active.stop()  # graceful: kopf removes its peering record on the way out
@@ -85,9 +107,7 @@ async def test_the_passive_replica_takes_over_when_the_active_one_stops(
 async def test_takeover_after_a_crash_within_the_peering_lifetime(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    active, passive = await start_pair(cluster, tmp_path)
-    await cluster.create_pool(pool_doc("ha", idle=1))
-    await wait_until(lambda: len(cluster.jobs("ha")) == 1, what="a runner")
+    active, passive = await pair_with_pool(cluster, tmp_path, "ha", idle=1)
     # A crash: the replica disappears without removing its peering record.
     cluster.fake.blocked.add(active.token)
     crashed = time.monotonic()
@@ -101,29 +121,11 @@ async def test_takeover_after_a_crash_within_the_peering_lifetime(
 
 
 async def test_a_replica_that_loses_the_lead_stops_reconciling(cluster: Cluster) -> None:
-    low = await cluster.start_operator(
-        "--namespace",
-        "default",
-        "--peering",
-        "poolkeeper",
-        "--priority",
-        "10",
-        token="operator-a",
-        lifetime=LIFETIME,
-    )
+    low = await start_with_priority(cluster, "operator-a", 10)
     await wait_until(lambda: low.active, what="the only replica to be active")
     await cluster.create_pool(pool_doc("lead", idle=2))
     await wait_until(lambda: len(cluster.jobs("lead")) == 2, what="2 runners")
-    high = await cluster.start_operator(
-        "--namespace",
-        "default",
-        "--peering",
-        "poolkeeper",
-        "--priority",
-        "20",
-        token="operator-b",
-        lifetime=LIFETIME,
-    )
+    high = await start_with_priority(cluster, "operator-b", 20)
     await wait_until(lambda: high.active and not low.active, what="the higher priority to lead")
     assert low.controller.engine.pools == {}  # forgot its pools: the leader owns them now
     assert await cluster.ready(low) == 503
@@ -134,9 +136,7 @@ async def test_a_replica_that_loses_the_lead_stops_reconciling(cluster: Cluster)
 
 
 async def test_a_drain_goes_on_after_a_failover(cluster: Cluster, tmp_path: Path) -> None:
-    active, passive = await start_pair(cluster, tmp_path)
-    await cluster.create_pool(pool_doc("moving", idle=2))
-    await wait_until(lambda: len(cluster.jobs("moving")) == 2, what="2 runners")
+    active, passive = await pair_with_pool(cluster, tmp_path, "moving", idle=2)
     await wait_until(
         lambda: ((cluster.pool("moving") or {}).get("status") or {}).get("idleRunners") == 2,
         what="2 idle runners",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
@@ -17,7 +18,6 @@ from controller.core.views import (
     AllocationView,
     Failure,
     JobView,
-    PoolPolicy,
     Runner,
     RunnerState,
     placement_failure,
@@ -427,22 +427,14 @@ def test_placement_failure_reads_the_newest_failed_evaluation() -> None:
     assert placement_failure([{"Status": "complete"}]) == ""
 
 
-@pytest.mark.parametrize(
-    ("desired", "client", "live"),
-    [
-        ("run", "pending", True),
-        ("run", "running", True),
-        ("run", "unknown", False),
-        ("run", "complete", False),
-        ("run", "failed", False),
-        ("run", "lost", False),
-        ("stop", "running", False),
-        ("stop", "pending", False),
-        ("evict", "running", False),
-    ],
-)
-def test_allocation_live(desired: str, client: str, live: bool) -> None:
-    assert alloc(1, "a", desired=desired, client=client).live is live
+# (desired status, client status) of the only allocations that count as live.
+LIVE = {("run", "pending"), ("run", "running")}
+
+
+@pytest.mark.parametrize("desired", ["run", "stop", "evict"])
+@pytest.mark.parametrize("client", ["pending", "running", "unknown", "complete", "failed", "lost"])
+def test_allocation_live(desired: str, client: str) -> None:
+    assert alloc(1, "a", desired=desired, client=client).live is ((desired, client) in LIVE)
 
 
 # ---- claim variables -----------------------------------------------------------------
@@ -585,15 +577,8 @@ def test_format_time_converts_to_utc_and_refuses_naive() -> None:
 
 def test_split_observation_prefix_collision_and_foreign_meta() -> None:
     short = POLICY
-    longer = PoolPolicy(
-        key="default/python-312",
-        nomad_namespace="default",
-        job_prefix="python-312-",
-        desired_idle=1,
-        max_runners=5,
-        startup_timeout_seconds=60,
-        template_hash="u1",
-    )
+    # Only the key, the Nomad namespace and the job prefix decide whose a job is.
+    longer = dataclasses.replace(short, key="default/python-312", job_prefix="python-312-")
     mine = job(1)
     theirs = job(2, prefix="python-312-", pool="default/python-312")
     wrong_meta = job(3, pool="default/python-312")  # python- prefix, other pool's Meta

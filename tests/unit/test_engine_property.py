@@ -33,20 +33,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controller.claims.store import ClaimStore
+from controller.core import views
 from controller.core.claims import ClaimRecord, ClaimState
 from controller.core.classify import classify
 from controller.core.plan import DestroyReason, Plan, plan
 from controller.core.runner_ids import META_TEMPLATE
 from controller.core.times import to_ns
-from controller.core.views import (
-    AllocationView,
-    JobView,
-    PoolMode,
-    PoolObservation,
-    PoolPolicy,
-    Runner,
-    RunnerState,
-)
 from controller.engine.apply import Applier
 from controller.engine.registry import ManagedPool
 from controller.metrics import Metrics
@@ -56,6 +48,8 @@ from tests.support.builders import NOW
 T = TypeVar("T")
 PREFIX = "py-"
 POOL = "default/py"
+# The states of the runners a client may claim.
+CLAIMABLE = (views.RunnerState.IDLE, views.RunnerState.OUTDATED)
 
 
 @dataclass
@@ -196,14 +190,14 @@ class Nomad:
         )
         return True
 
-    def observe(self) -> PoolObservation:
+    def observe(self) -> views.PoolObservation:
         jobs = tuple(
-            JobView(j.id, "default", POOL, j.template, j.status, False, j.submit_ns)
+            views.JobView(j.id, "default", POOL, j.template, j.status, False, j.submit_ns)
             for j in self.jobs.values()
         )
         allocations = {
             j.id: tuple(
-                AllocationView(
+                views.AllocationView(
                     a.id,
                     j.id,
                     "default",
@@ -219,7 +213,7 @@ class Nomad:
             )
             for j in self.jobs.values()
         }
-        return PoolObservation(jobs, allocations, dict(self.vars), frozenset())
+        return views.PoolObservation(jobs, allocations, dict(self.vars), frozenset())
 
     def total(self) -> int:
         return sum(1 for j in self.jobs.values() if j.status != "dead")
@@ -235,7 +229,7 @@ def pick(items: list[T], arg: int) -> T | None:
 @dataclass
 class World:
     nomad: Nomad
-    policy: PoolPolicy
+    policy: views.PoolPolicy
     max_claims: int
     max_desired: int
     applier: Applier = field(init=False)
@@ -246,7 +240,7 @@ class World:
             port, ClaimStore(port), Metrics(), lambda event: None, random.Random(0)
         )
 
-    def runners(self) -> list[Runner]:
+    def runners(self) -> list[views.Runner]:
         return classify(self.policy, self.nomad.observe(), self.nomad.now)
 
     def check(self) -> None:
@@ -332,11 +326,11 @@ class World:
         else:  # pragma: no cover - the strategy draws only the names above
             raise AssertionError(op)
 
-    def claim(self, arg: int, among: list[Runner] | None = None) -> None:
+    def claim(self, arg: int, among: list[views.Runner] | None = None) -> None:
         nomad = self.nomad
         if sum(1 for c in nomad.vars.values() if not c.is_tombstone) >= self.max_claims:
             return
-        idle = [r for r in self.runners() if r.state in (RunnerState.IDLE, RunnerState.OUTDATED)]
+        idle = [r for r in self.runners() if r.state in CLAIMABLE]
         chosen = pick(among or idle, arg)
         if chosen is None or chosen.allocation is None:
             return
@@ -370,13 +364,12 @@ class World:
         )
         by_id = {r.id: r for r in runners}
         for destroy in todo.destroy:
-            if by_id[destroy.runner_id].state is RunnerState.CLAIMED:
+            if by_id[destroy.runner_id].state is views.RunnerState.CLAIMED:
                 # only a removed pool may take a healthy claimed runner
                 assert destroy.reason in (DestroyReason.DRAIN, DestroyReason.DELETE)
         if race is not None:
-            claimable = (RunnerState.IDLE, RunnerState.OUTDATED)
             retiring = [by_id[d.runner_id] for d in todo.destroy if d.claim is None]
-            self.claim(race, among=[r for r in retiring if r.state in claimable] or None)
+            self.claim(race, among=[r for r in retiring if r.state in CLAIMABLE] or None)
         nomad.place_on_register = place
         managed = ManagedPool(None, self.policy, {}, 0, 0)
         applied = await self.applier.apply(managed, todo, runners, nomad.now)
@@ -430,19 +423,19 @@ FAULTS = [
     steps=st.lists(
         st.tuples(st.sampled_from(FAULTS), st.integers(0, 10_000)), min_size=30, max_size=150
     ),
-    removal=st.sampled_from([None, PoolMode.DRAIN, PoolMode.DELETE]),
+    removal=st.sampled_from([None, views.PoolMode.DRAIN, views.PoolMode.DELETE]),
 )
 def test_pool_converges_and_never_exceeds_max(
     sizes: tuple[int, int],
     surge: int,
     startup_timeout: int,
     steps: list[tuple[str, int]],
-    removal: PoolMode | None,
+    removal: views.PoolMode | None,
 ) -> None:
     max_runners, desired = sizes
     world = World(
         Nomad(),
-        PoolPolicy(
+        views.PoolPolicy(
             key=POOL,
             nomad_namespace="default",
             job_prefix=PREFIX,
@@ -459,7 +452,7 @@ def test_pool_converges_and_never_exceeds_max(
     asyncio.run(play(world, steps, removal))
 
 
-async def play(world: World, steps: list[tuple[str, int]], removal: PoolMode | None) -> None:
+async def play(world: World, steps: list[tuple[str, int]], removal: views.PoolMode | None) -> None:
     max_runners = world.policy.max_runners
     await settle(world)  # start from a full pool, so faults hit runners
     for op, arg in steps:
@@ -498,7 +491,7 @@ async def test_seed_instant_reschedule_never_over_or_under_creates() -> None:
     the ticks see every intermediate state; the pool never registers an extra job."""
     world = World(
         Nomad(),
-        PoolPolicy(POOL, "default", PREFIX, 2, 4, 120, "t0"),
+        views.PoolPolicy(POOL, "default", PREFIX, 2, 4, 120, "t0"),
         max_claims=0,
         max_desired=2,
     )
@@ -518,4 +511,4 @@ async def test_seed_instant_reschedule_never_over_or_under_creates() -> None:
         await world.tick()
         assert len(world.runners()) == 2
     assert world.nomad.registered == 2  # the runner was neither lost nor duplicated
-    assert [r.state for r in world.runners()] == [RunnerState.IDLE] * 2
+    assert [r.state for r in world.runners()] == [views.RunnerState.IDLE] * 2

@@ -2,41 +2,35 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from aiohttp import web
 
 from controller.lab.simulator.authz import denied
-from controller.lab.simulator.util import JSON, bad_request, not_found
-from controller.lab.simulator.wire import AddRoute, read_json, reply
+from controller.lab.simulator.routes import (
+    RouteGroup,
+    found,
+    index_reply,
+    object_methods,
+    put_or_post,
+    read_object,
+)
+from controller.lab.simulator.util import JSON, bad_request
+from controller.lab.simulator.wire import AddRoute, reply
 
-if TYPE_CHECKING:
-    from controller.lab.simulator.cluster import Simulator
 
-
-class AclRoutes:
-    def __init__(self, sim: Simulator) -> None:
-        self.sim = sim
-
+class AclRoutes(RouteGroup):
     def register(self, r: AddRoute) -> None:
-        r(r"/v1/acl/bootstrap", PUT=self.acl_bootstrap, POST=self.acl_bootstrap)
+        r(r"/v1/acl/bootstrap", **put_or_post(self.acl_bootstrap))
         r(r"/v1/acl/tokens", GET=self.acl_tokens)
-        r(r"/v1/acl/token", PUT=self.acl_token_create, POST=self.acl_token_create)
+        r(r"/v1/acl/token", **put_or_post(self.acl_token_write))
         r(r"/v1/acl/token/self", GET=self.acl_token_self)
         r(
             r"/v1/acl/token/(?P<id>[^/]+)",
-            GET=self.acl_token_read,
-            PUT=self.acl_token_update,
-            POST=self.acl_token_update,
-            DELETE=self.acl_token_delete,
+            **object_methods(self.acl_token_read, self.acl_token_write, self.acl_token_delete),
         )
         r(r"/v1/acl/policies", GET=self.acl_policies)
         r(
             r"/v1/acl/policy/(?P<id>[^/]+)",
-            GET=self.acl_policy_read,
-            PUT=self.acl_policy_put,
-            POST=self.acl_policy_put,
-            DELETE=self.acl_policy_delete,
+            **object_methods(self.acl_policy_read, self.acl_policy_put, self.acl_policy_delete),
         )
 
     async def acl_bootstrap(
@@ -52,21 +46,12 @@ class AclRoutes:
         ]
         return reply(stubs, self.sim.table_index["acl_token"])
 
-    async def acl_token_create(
+    async def acl_token_write(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        body = await read_json(request)
-        if not isinstance(body, dict):
-            raise bad_request("Failed to decode request body: expected a JSON object")
-        return reply(self.sim.create_token(body), self.sim.index)
-
-    async def acl_token_update(
-        self, request: web.Request, p: dict[str, str], t: JSON | None
-    ) -> web.Response:
-        body = await read_json(request)
-        if not isinstance(body, dict):
-            raise bad_request("Failed to decode request body: expected a JSON object")
-        return reply(self.sim.create_token(body, accessor=p["id"]), self.sim.index)
+        """Creates a token, or with the accessor ID in the path updates that one."""
+        body = await read_object(request)
+        return reply(self.sim.create_token(body, accessor=p.get("id")), self.sim.index)
 
     async def acl_token_self(
         self, request: web.Request, p: dict[str, str], t: JSON | None
@@ -78,16 +63,14 @@ class AclRoutes:
     async def acl_token_read(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        token = self.sim.tokens.get(p["id"])
-        if token is None:
-            raise not_found("ACL token")
+        token = found(self.sim.tokens.get(p["id"]), "ACL token")
         return reply(token, self.sim.table_index["acl_token"])
 
     async def acl_token_delete(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
         self.sim.delete_token(p["id"])
-        return web.Response(status=200, headers={"X-Nomad-Index": str(self.sim.index)})
+        return index_reply(self.sim.index)
 
     async def acl_policies(
         self, request: web.Request, p: dict[str, str], t: JSON | None
@@ -104,25 +87,20 @@ class AclRoutes:
     ) -> web.Response:
         if not _may_read_policy(t, p["id"]):
             raise denied()
-        pol = self.sim.policies.get(p["id"])
-        if pol is None:
-            raise not_found("ACL policy")
+        pol = found(self.sim.policies.get(p["id"]), "ACL policy")
         return reply(pol, self.sim.table_index["acl_policy"])
 
     async def acl_policy_put(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        body = await read_json(request)
-        if not isinstance(body, dict):
-            raise bad_request("Failed to decode request body: expected a JSON object")
-        self.sim.put_policy(p["id"], body)
-        return web.Response(status=200, headers={"X-Nomad-Index": str(self.sim.index)})
+        self.sim.put_policy(p["id"], await read_object(request))
+        return index_reply(self.sim.index)
 
     async def acl_policy_delete(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
         self.sim.delete_policy(p["id"])
-        return web.Response(status=200, headers={"X-Nomad-Index": str(self.sim.index)})
+        return index_reply(self.sim.index)
 
 
 def _may_read_policy(token: JSON | None, name: str) -> bool:

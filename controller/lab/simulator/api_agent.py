@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from aiohttp import web
 
+from controller.lab.simulator.routes import RouteGroup
 from controller.lab.simulator.util import JSON
 from controller.lab.simulator.wire import AddRoute, reply
 
-if TYPE_CHECKING:
-    from controller.lab.simulator.cluster import Simulator
 
-
-class AgentRoutes:
-    def __init__(self, sim: Simulator) -> None:
-        self.sim = sim
-
+class AgentRoutes(RouteGroup):
     def register(self, r: AddRoute) -> None:
         r(r"/v1/status/leader", GET=self.leader)
         r(r"/v1/status/peers", GET=self.peers)

@@ -7,34 +7,37 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from controller.lab.simulator.util import JSON, bad_request, not_found
+from controller.lab.simulator.routes import (
+    EncodedStubs,
+    RouteGroup,
+    found,
+    put_or_post,
+    write_reply,
+)
+from controller.lab.simulator.util import JSON, bad_request
 from controller.lab.simulator.views import alloc_full, alloc_stub, eval_view, paginate
 from controller.lab.simulator.wire import (
-    ENCODE,
     AddRoute,
-    block,
     namespace_of,
     parse_bool,
     parse_int,
-    query_filter,
     reply,
     reply_raw,
-    table_index,
 )
 
 if TYPE_CHECKING:
     from controller.lab.simulator.cluster import Simulator
 
 
-class AllocRoutes:
+class AllocRoutes(RouteGroup):
     def __init__(self, sim: Simulator) -> None:
-        self.sim = sim
-        # Alloc ModifyIndex changes with every write, so it keys the encoded stub.
-        self._stub_cache: dict[tuple[bool, bool], dict[str, tuple[int, bytes]]] = {}
+        super().__init__(sim)
+        # An alloc's ModifyIndex changes with every write to it: it versions the stub.
+        self._stubs = EncodedStubs[JSON](lambda a: a["ID"], lambda a: a["ModifyIndex"])
 
     def register(self, r: AddRoute) -> None:
         r(r"/v1/allocations", GET=self.allocs_list)
-        r(r"/v1/allocation/(?P<id>[^/]+)/stop", PUT=self.alloc_stop, POST=self.alloc_stop)
+        r(r"/v1/allocation/(?P<id>[^/]+)/stop", **put_or_post(self.alloc_stop))
         r(r"/v1/allocation/(?P<id>[^/]+)", GET=self.alloc_read)
         r(r"/v1/evaluations", GET=self.evals_list)
         r(r"/v1/evaluation/(?P<id>[^/]+)/allocations", GET=self.eval_allocs)
@@ -42,26 +45,11 @@ class AllocRoutes:
         r(r"/v1/deployments", GET=self.deployments_list)
         r(r"/v1/deployment/(?P<id>[^/]+)", GET=self.deployment_read)
 
-    def encoded_stubs(self, allocs: list[JSON], task_states: bool, resources: bool) -> bytes:
-        """A JSON array of stubs; each stub is encoded once per alloc version and reused."""
-        cache = self._stub_cache.setdefault((task_states, resources), {})
-        parts: list[bytes] = []
-        for alloc in allocs:
-            hit = cache.get(alloc["ID"])
-            if hit is None or hit[0] != alloc["ModifyIndex"]:
-                encoded = ENCODE(alloc_stub(alloc, task_states, resources)).encode()
-                hit = (alloc["ModifyIndex"], encoded)
-                cache[alloc["ID"]] = hit
-            parts.append(hit[1])
-        return b"[" + b",".join(parts) + b"]"
-
     async def allocs_list(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        index = await block(self.sim, request, table_index(self.sim, "allocs"))
-        keep = query_filter(request)
-        ns = namespace_of(request)
-        prefix = request.query.get("prefix", "")
+        query = await self.list_query(request, "allocs")
+        ns, prefix = query.namespace, query.prefix
         task_states = parse_bool(request, "task_states", True)
         resources = parse_bool(request, "resources")
         per_page = parse_int(request, "per_page") or 0
@@ -88,8 +76,11 @@ class AllocRoutes:
             if start is not None:
                 allocs = [a for a in allocs if token_of(a) <= start]
                 start = None
-        page, nxt = paginate(allocs, token_of, start, per_page, keep)
-        resp = reply_raw(self.encoded_stubs(page, task_states, resources), index)
+        page, nxt = paginate(allocs, token_of, start, per_page, query.keep)
+        stubs = self._stubs.array(
+            page, (task_states, resources), lambda a: alloc_stub(a, task_states, resources)
+        )
+        resp = reply_raw(stubs, query.index)
         if nxt is not None:
             resp.headers["X-Nomad-NextToken"] = nxt if prefix else f"{nxt[0]}.{nxt[1]}"
         return resp
@@ -97,11 +88,7 @@ class AllocRoutes:
     async def alloc_read(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        def index_of() -> int:
-            alloc = self.sim.allocs.get(p["id"])
-            return int(alloc["ModifyIndex"]) if alloc else self.sim.table_index["allocs"]
-
-        index = await block(self.sim, request, index_of)
+        index = await self.block_on_object(request, "allocs", lambda: self.sim.allocs.get(p["id"]))
         alloc = self.sim.alloc(p["id"])
         self.sim.require(t, alloc["Namespace"], "read-job")
         return reply(alloc_full(alloc), index)
@@ -110,45 +97,36 @@ class AllocRoutes:
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
         self.sim.require(t, self.sim.alloc(p["id"])["Namespace"], "alloc-lifecycle")
-        out = self.sim.stop_allocation(p["id"], parse_bool(request, "reschedule"))
-        return reply(out, out["Index"])
+        return write_reply(self.sim.stop_allocation(p["id"], parse_bool(request, "reschedule")))
 
     async def evals_list(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        index = await block(self.sim, request, table_index(self.sim, "evals"))
-        keep = query_filter(request)
-        ns = namespace_of(request)
-        prefix = request.query.get("prefix", "")
+        query = await self.list_query(request, "evals")
+        ns, keep = query.namespace, query.keep
         visible = self.sim.namespace_filter(t, ns, "read-job")
         evals = [
             e
             for e in self.sim.evals.values()
             if (e["Namespace"] == ns or (ns == "*" and visible(e["Namespace"])))
-            and e["ID"].startswith(prefix)
+            and e["ID"].startswith(query.prefix)
         ]
         if keep is not None:
             evals = [e for e in evals if keep(e)]
-        return reply([eval_view(e) for e in evals], index)
+        return reply([eval_view(e) for e in evals], query.index)
 
     async def eval_read(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        def index_of() -> int:
-            ev = self.sim.evals.get(p["id"])
-            return int(ev["ModifyIndex"]) if ev else self.sim.table_index["evals"]
-
-        index = await block(self.sim, request, index_of)
-        ev = self.sim.evals.get(p["id"])
-        if ev is None:
-            raise not_found("eval")
+        index = await self.block_on_object(request, "evals", lambda: self.sim.evals.get(p["id"]))
+        ev = found(self.sim.evals.get(p["id"]), "eval")
         self.sim.require(t, ev["Namespace"], "read-job")
         return reply(eval_view(ev), index)
 
     async def eval_allocs(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        index = await block(self.sim, request, table_index(self.sim, "allocs"))
+        index = await self.block_on_tables(request, "allocs")
         allocs = [a for a in self.sim.allocs.values() if a["EvalID"] == p["id"]]
         ev = self.sim.evals.get(p["id"])
         if ev is not None:
@@ -158,17 +136,15 @@ class AllocRoutes:
     async def deployments_list(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        index = await block(self.sim, request, table_index(self.sim, "deployment"))
+        index = await self.block_on_tables(request, "deployment")
         visible = self.sim.namespace_filter(t, namespace_of(request), "read-job")
         return reply([d for d in self.sim.deployments.values() if visible(d["Namespace"])], index)
 
     async def deployment_read(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        index = await block(self.sim, request, table_index(self.sim, "deployment"))
-        dep = self.sim.deployments.get(p["id"])
-        if dep is None:
-            raise not_found("deployment")
+        index = await self.block_on_tables(request, "deployment")
+        dep = found(self.sim.deployments.get(p["id"]), "deployment")
         self.sim.require(t, dep["Namespace"], "read-job")
         return reply(dep, index)
 

@@ -3,23 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from controller.lab.simulator.authz import check_topics
 from controller.lab.simulator.events import StreamDropped, TopicFilter
+from controller.lab.simulator.routes import RouteGroup
 from controller.lab.simulator.util import JSON, bad_request
 from controller.lab.simulator.wire import AddRoute, namespace_of, parse_int
 
-if TYPE_CHECKING:
-    from controller.lab.simulator.cluster import Simulator
 
-
-class EventRoutes:
-    def __init__(self, sim: Simulator) -> None:
-        self.sim = sim
-
+class EventRoutes(RouteGroup):
     def register(self, r: AddRoute) -> None:
         r(r"/v1/event/stream", GET=self.event_stream)
 

@@ -6,62 +6,70 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from controller.lab.simulator.util import JSON, bad_request, not_found
+from controller.lab.simulator.routes import (
+    NOT_AN_OBJECT,
+    EncodedStubs,
+    RouteGroup,
+    found,
+    object_methods,
+    put_or_post,
+    read_object,
+    with_next_token,
+    write_reply,
+)
+from controller.lab.simulator.store import JobRecord
+from controller.lab.simulator.util import JSON, bad_request
 from controller.lab.simulator.views import alloc_stub, eval_view, job_stub, paginate
 from controller.lab.simulator.wire import (
-    ENCODE,
     AddRoute,
-    block,
     namespace_of,
     parse_bool,
     parse_int,
-    query_filter,
     read_json,
     reply,
     reply_raw,
-    table_index,
 )
 
 if TYPE_CHECKING:
     from controller.lab.simulator.cluster import Simulator
 
 
-class JobRoutes:
+class JobRoutes(RouteGroup):
     def __init__(self, sim: Simulator) -> None:
-        self.sim = sim
-        self._job_cache: dict[bool, dict[tuple[str, str], tuple[tuple[int, int], bytes]]] = {}
+        super().__init__(sim)
+        # A stub shows the job and its summary: the job's ModifyIndex and the last write
+        # to its allocations or evaluations version it.
+        self._stubs = EncodedStubs[JobRecord](
+            lambda rec: rec.key,
+            lambda rec: (rec.job["ModifyIndex"], sim.job_touched.get(rec.key, 0)),
+        )
 
     def register(self, r: AddRoute) -> None:
-        r(r"/v1/jobs", GET=self.jobs_list, PUT=self.job_register, POST=self.job_register)
+        r(r"/v1/jobs", GET=self.jobs_list, **put_or_post(self.job_register))
         reads = ("allocations", "evaluations", "versions", "summary", "deployments", "deployment")
         writes = ("evaluate", "plan", "dispatch", "revert", "stable", "scale")
         for suffix in reads + writes:
             handler = getattr(self, f"job_{suffix}")
-            methods = {"GET": handler} if suffix in reads else {"PUT": handler, "POST": handler}
+            methods = {"GET": handler} if suffix in reads else put_or_post(handler)
             if suffix == "scale":
                 methods["GET"] = self.job_scale_status
             r(rf"/v1/job/(?P<id>.+)/{suffix}", **methods)
         r(
             r"/v1/job/(?P<id>.+)",
-            GET=self.job_read,
-            PUT=self.job_register,
-            POST=self.job_register,
-            DELETE=self.job_deregister,
+            **object_methods(self.job_read, self.job_register, self.job_deregister),
         )
 
     async def jobs_list(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        index = await block(self.sim, request, table_index(self.sim, "jobs", "allocs", "evals"))
-        keep = query_filter(request)
-        ns = namespace_of(request)
-        prefix = request.query.get("prefix", "")
+        query = await self.list_query(request, "jobs", "allocs", "evals")
+        ns, keep = query.namespace, query.keep
         meta = parse_bool(request, "meta")
         per_page = parse_int(request, "per_page") or 0
         sim = self.sim
         visible = sim.namespace_filter(t, ns, "list-jobs")
         records = [
-            sim.jobs[k] for k in sim.job_keys(ns) if k[1].startswith(prefix) and visible(k[0])
+            sim.jobs[k] for k in sim.job_keys(ns) if k[1].startswith(query.prefix) and visible(k[0])
         ]
         page, next_token = paginate(
             records,
@@ -70,24 +78,11 @@ class JobRoutes:
             per_page,
             (lambda rec: keep(rec.job)) if keep else None,
         )
-        cache = self._job_cache.setdefault(meta, {})
-        parts: list[bytes] = []
-        for rec in page:
-            stamp = (rec.job["ModifyIndex"], sim.job_touched.get(rec.key, 0))
-            hit = cache.get(rec.key)
-            if hit is None or hit[0] != stamp:
-                encoded = ENCODE(job_stub(sim, rec, meta)).encode()
-                hit = cache[rec.key] = (stamp, encoded)
-            parts.append(hit[1])
-        resp = reply_raw(b"[" + b",".join(parts) + b"]", index)
-        if next_token is not None:
-            resp.headers["X-Nomad-NextToken"] = next_token
-        return resp
+        stubs = self._stubs.array(page, meta, lambda rec: job_stub(sim, rec, meta))
+        return with_next_token(reply_raw(stubs, query.index), next_token)
 
     async def _job_body(self, request: web.Request, job_id: str | None) -> JSON:
-        body = await read_json(request)
-        if not isinstance(body, dict):
-            raise bad_request("Failed to decode request body: expected a JSON object")
+        body = await read_object(request)
         job = body.get("Job")
         if not isinstance(job, dict):
             raise bad_request("Job must be specified")
@@ -109,7 +104,15 @@ class JobRoutes:
         self.sim.require(t, ns, "submit-job")
         out = self.sim.register_job(body["Job"], ns, enforce, jmi)
         self._audit(request, "register", ns, body["Job"].get("ID", ""), body["Job"])
-        return reply(out, out["Index"])
+        return write_reply(out)
+
+    async def _blocking_job_read(
+        self, request: web.Request, p: dict[str, str], *tables: str
+    ) -> tuple[int, JobRecord | None]:
+        """A blocking read of what the path's job has in `tables`: the index to answer
+        with, and the job's record (None when there is no such job)."""
+        index = await self.block_on_tables(request, *tables)
+        return index, self.sim.jobs.get((namespace_of(request), p["id"]))
 
     def _audit(
         self, request: web.Request, kind: str, namespace: str, job_id: str, job: JSON | None
@@ -120,17 +123,13 @@ class JobRoutes:
     async def job_read(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        key = (namespace_of(request), p["id"])
+        job_id, namespace = p["id"], namespace_of(request)
 
-        def index_of() -> int:
-            rec = self.sim.jobs.get(key)
-            return int(rec.job["ModifyIndex"]) if rec else self.sim.table_index["jobs"]
+        def job() -> JSON | None:
+            return self.sim.get_job(job_id, namespace)
 
-        index = await block(self.sim, request, index_of)
-        rec = self.sim.jobs.get(key)
-        if rec is None:
-            raise not_found("job")
-        return reply(rec.job, index)
+        index = await self.block_on_object(request, "jobs", job)
+        return reply(found(job(), "job"), index)
 
     async def job_deregister(
         self, request: web.Request, p: dict[str, str], t: JSON | None
@@ -146,7 +145,7 @@ class JobRoutes:
     async def job_allocations(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        index = await block(self.sim, request, table_index(self.sim, "allocs"))
+        index = await self.block_on_tables(request, "allocs")
         key = (namespace_of(request), p["id"])
         rec = self.sim.jobs.get(key)
         show_all = parse_bool(request, "all")
@@ -159,42 +158,34 @@ class JobRoutes:
     async def job_evaluations(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        index = await block(self.sim, request, table_index(self.sim, "evals"))
-        rec = self.sim.jobs.get((namespace_of(request), p["id"]))
+        index, rec = await self._blocking_job_read(request, p, "evals")
         evals = [self.sim.evals[e] for e in rec.eval_ids] if rec else []
         return reply([eval_view(e) for e in evals], index)
 
     async def job_versions(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        index = await block(self.sim, request, table_index(self.sim, "jobs"))
-        rec = self.sim.jobs.get((namespace_of(request), p["id"]))
-        if rec is None:
-            raise not_found("job versions")
+        index, rec = await self._blocking_job_read(request, p, "jobs")
+        rec = found(rec, "job versions")
         return reply({"Versions": list(reversed(rec.versions)), "Diffs": None}, index)
 
     async def job_summary(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        index = await block(self.sim, request, table_index(self.sim, "jobs", "allocs"))
-        rec = self.sim.jobs.get((namespace_of(request), p["id"]))
-        if rec is None:
-            raise not_found("job summary")
-        return reply(self.sim.job_summary(rec), index)
+        index, rec = await self._blocking_job_read(request, p, "jobs", "allocs")
+        return reply(self.sim.job_summary(found(rec, "job summary")), index)
 
     async def job_deployments(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        index = await block(self.sim, request, table_index(self.sim, "deployment"))
-        rec = self.sim.jobs.get((namespace_of(request), p["id"]))
+        index, rec = await self._blocking_job_read(request, p, "deployment")
         deps = [self.sim.deployments[d] for d in reversed(rec.deployment_ids)] if rec else []
         return reply(deps, index)
 
     async def job_deployment(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        index = await block(self.sim, request, table_index(self.sim, "deployment"))
-        rec = self.sim.jobs.get((namespace_of(request), p["id"]))
+        index, rec = await self._blocking_job_read(request, p, "deployment")
         dep = self.sim.deployments[rec.deployment_ids[-1]] if rec and rec.deployment_ids else None
         return reply(dep, index)
 
@@ -203,7 +194,7 @@ class JobRoutes:
     ) -> web.Response:
         await read_json(request, required=False)
         out = self.sim.evaluate_job(p["id"], namespace_of(request))
-        return reply(out, out["Index"])
+        return write_reply(out)
 
     async def job_plan(
         self, request: web.Request, p: dict[str, str], t: JSON | None
@@ -242,48 +233,39 @@ class JobRoutes:
     ) -> web.Response:
         body = await read_json(request, required=False) or {}
         if not isinstance(body, dict):
-            raise bad_request("Failed to decode request body: expected a JSON object")
+            raise bad_request(NOT_AN_OBJECT)
         out = self.sim.dispatch_job(p["id"], namespace_of(request), body)
-        return reply(out, out["Index"])
+        return write_reply(out)
 
     async def job_revert(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        body = await read_json(request)
-        if not isinstance(body, dict) or not isinstance(body.get("JobVersion"), int):
-            raise bad_request("Failed to decode request body: JobVersion must be a number")
+        body = await _job_version_body(request)
         out = self.sim.revert_job(
             p["id"], namespace_of(request), body["JobVersion"], body.get("EnforcePriorVersion")
         )
-        return reply(out, out["Index"])
+        return write_reply(out)
 
     async def job_stable(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        body = await read_json(request)
-        if not isinstance(body, dict) or not isinstance(body.get("JobVersion"), int):
-            raise bad_request("Failed to decode request body: JobVersion must be a number")
+        body = await _job_version_body(request)
         out = self.sim.stable_job(
             p["id"], namespace_of(request), body["JobVersion"], bool(body.get("Stable"))
         )
-        return reply(out, out["Index"])
+        return write_reply(out)
 
     async def job_scale(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        body = await read_json(request)
-        if not isinstance(body, dict):
-            raise bad_request("Failed to decode request body: expected a JSON object")
-        out = self.sim.scale_job(p["id"], namespace_of(request), body)
-        return reply(out, out["Index"])
+        out = self.sim.scale_job(p["id"], namespace_of(request), await read_object(request))
+        return write_reply(out)
 
     async def job_scale_status(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        index = await block(self.sim, request, table_index(self.sim, "jobs", "allocs"))
-        rec = self.sim.jobs.get((namespace_of(request), p["id"]))
-        if rec is None:
-            raise not_found("job")
+        index, rec = await self._blocking_job_read(request, p, "jobs", "allocs")
+        rec = found(rec, "job")
         summary = self.sim.job_summary(rec)["Summary"]
         groups = {
             g["Name"]: {
@@ -307,3 +289,11 @@ class JobRoutes:
             },
             index,
         )
+
+
+async def _job_version_body(request: web.Request) -> JSON:
+    """The body of a revert or a stable request: an object with a JobVersion number."""
+    body = await read_json(request)
+    if not isinstance(body, dict) or not isinstance(body.get("JobVersion"), int):
+        raise bad_request("Failed to decode request body: JobVersion must be a number")
+    return body

@@ -2,34 +2,39 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from aiohttp import web
 
+from controller.lab.simulator.routes import (
+    NOT_AN_OBJECT,
+    RouteGroup,
+    found,
+    put_or_post,
+    write_reply,
+)
 from controller.lab.simulator.util import JSON, bad_request, not_found
 from controller.lab.simulator.views import alloc_full, node_stub
-from controller.lab.simulator.wire import AddRoute, block, parse_bool, read_json, reply, table_index
-
-if TYPE_CHECKING:
-    from controller.lab.simulator.cluster import Simulator
+from controller.lab.simulator.wire import AddRoute, parse_bool, read_json, reply
 
 
-class NodeRoutes:
-    def __init__(self, sim: Simulator) -> None:
-        self.sim = sim
-
+class NodeRoutes(RouteGroup):
     def register(self, r: AddRoute) -> None:
         r(r"/v1/nodes", GET=self.nodes_list)
         r(r"/v1/node/(?P<id>[^/]+)/allocations", GET=self.node_allocs)
-        r(r"/v1/node/(?P<id>[^/]+)/drain", PUT=self.node_drain, POST=self.node_drain)
-        r(r"/v1/node/(?P<id>[^/]+)/eligibility", PUT=self.node_elig, POST=self.node_elig)
-        r(r"/v1/node/(?P<id>[^/]+)/evaluate", PUT=self.node_evaluate, POST=self.node_evaluate)
+        r(r"/v1/node/(?P<id>[^/]+)/drain", **put_or_post(self.node_drain))
+        r(r"/v1/node/(?P<id>[^/]+)/eligibility", **put_or_post(self.node_elig))
+        r(r"/v1/node/(?P<id>[^/]+)/evaluate", **put_or_post(self.node_evaluate))
         r(r"/v1/node/(?P<id>[^/]+)", GET=self.node_read)
+
+    def _node_id(self, p: dict[str, str]) -> str:
+        """The ID of the node the path names; 404 unless that node exists."""
+        if p["id"] not in self.sim.nodes:
+            raise not_found("node")
+        return p["id"]
 
     async def nodes_list(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        index = await block(self.sim, request, table_index(self.sim, "nodes"))
+        index = await self.block_on_tables(request, "nodes")
         prefix = request.query.get("prefix", "")
         resources = parse_bool(request, "resources")
         os_attr = parse_bool(request, "os")
@@ -42,26 +47,21 @@ class NodeRoutes:
     async def node_read(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        index = await block(self.sim, request, table_index(self.sim, "nodes"))
-        node = self.sim.nodes.get(p["id"])
-        if node is None:
-            raise not_found("node")
-        return reply(node, index)
+        index = await self.block_on_tables(request, "nodes")
+        return reply(found(self.sim.nodes.get(p["id"]), "node"), index)
 
     async def node_allocs(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        index = await block(self.sim, request, table_index(self.sim, "allocs"))
-        if p["id"] not in self.sim.nodes:
-            raise not_found("node")
-        allocs = [self.sim.allocs[a] for a in self.sim.node_allocs[p["id"]]]
+        index = await self.block_on_tables(request, "allocs")
+        node_id = self._node_id(p)
+        allocs = [self.sim.allocs[a] for a in self.sim.node_allocs[node_id]]
         return reply([alloc_full(a) for a in allocs], index)
 
     async def node_drain(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        if p["id"] not in self.sim.nodes:
-            raise not_found("node")
+        node_id = self._node_id(p)
         body = await read_json(request, required=False)
         if body is None:
             # Old clients send ?enable= without a body.
@@ -77,26 +77,23 @@ class NodeRoutes:
             deadline = raw_deadline / 1e9
             eligible = bool(body.get("MarkEligible"))
         else:
-            raise bad_request("Failed to decode request body: expected a JSON object")
-        out = self.sim.drain(p["id"], deadline, enable, eligible)
-        return reply(out, out["Index"])
+            raise bad_request(NOT_AN_OBJECT)
+        out = await self.sim.drain_node(node_id, deadline, enable, eligible)
+        return write_reply(out)
 
     async def node_elig(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        if p["id"] not in self.sim.nodes:
-            raise not_found("node")
+        node_id = self._node_id(p)
         body = await read_json(request)
         value = body.get("Eligibility") if isinstance(body, dict) else None
         if value not in ("eligible", "ineligible"):
             raise bad_request(f'invalid scheduling eligibility "{value}"')
-        out = self.sim.set_eligibility(p["id"], value == "eligible")
-        return reply(out, out["Index"])
+        out = self.sim.set_eligibility(node_id, value == "eligible")
+        return write_reply(out)
 
     async def node_evaluate(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        if p["id"] not in self.sim.nodes:
-            raise not_found("node")
-        out = self.sim.evaluate_node(p["id"])
-        return reply(out, out["Index"])
+        out = self.sim.evaluate_node(self._node_id(p))
+        return write_reply(out)

@@ -2,37 +2,31 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from aiohttp import web
 
 from controller.lab.simulator.acl_policy import Permissions
 from controller.lab.simulator.authz import denied
-from controller.lab.simulator.util import JSON, bad_request, not_found
+from controller.lab.simulator.routes import (
+    RouteGroup,
+    found,
+    index_reply,
+    read_object,
+    with_next_token,
+)
+from controller.lab.simulator.util import JSON, bad_request
 from controller.lab.simulator.views import paginate
 from controller.lab.simulator.wire import (
     AddRoute,
-    block,
     namespace_of,
     parse_int,
-    query_filter,
-    read_json,
     reply,
-    table_index,
 )
-
-if TYPE_CHECKING:
-    from controller.lab.simulator.cluster import Simulator
-
 
 # The query parameters that make a PUT a lock operation (`?lock-acquire`, no value).
 LOCK_OPERATIONS = ("lock-acquire", "lock-renew", "lock-release")
 
 
-class VariableRoutes:
-    def __init__(self, sim: Simulator) -> None:
-        self.sim = sim
-
+class VariableRoutes(RouteGroup):
     def register(self, r: AddRoute) -> None:
         r(r"/v1/vars", GET=self.vars_list)
         r(r"/v1/var/(?P<path>.+)", GET=self.var_read, PUT=self.var_put, DELETE=self.var_delete)
@@ -40,13 +34,12 @@ class VariableRoutes:
     async def vars_list(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        index = await block(self.sim, request, table_index(self.sim, "vars"))
-        keep = query_filter(request)
-        ns = namespace_of(request)
+        query = await self.list_query(request, "vars")
+        ns = query.namespace
         permissions = self.sim.permissions(t)
         metas = [
             self._shown(self.sim.var_meta(self.sim.vars[k]), permissions, strip_lock=ns != "*")
-            for k in self.sim.var_keys(ns, request.query.get("prefix", ""))
+            for k in self.sim.var_keys(ns, query.prefix)
             if permissions is None or permissions.allow_variable_op(k[0], k[1], "list")
         ]
         page, nxt = paginate(
@@ -54,27 +47,17 @@ class VariableRoutes:
             lambda v: v["Path"],
             request.query.get("next_token") or None,
             parse_int(request, "per_page") or 0,
-            keep,
+            query.keep,
         )
-        resp = reply(page, index)
-        if nxt is not None:
-            resp.headers["X-Nomad-NextToken"] = nxt
-        return resp
+        return with_next_token(reply(page, query.index), nxt)
 
     async def var_read(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
         key = (namespace_of(request), p["path"])
         permissions = self._permitted(t, key[0], key[1], "read")
-
-        def index_of() -> int:
-            var = self.sim.vars.get(key)
-            return int(var["ModifyIndex"]) if var else self.sim.table_index["vars"]
-
-        index = await block(self.sim, request, index_of)
-        var = self.sim.vars.get(key)
-        if var is None:
-            raise not_found("variable")
+        index = await self.block_on_object(request, "vars", lambda: self.sim.vars.get(key))
+        var = found(self.sim.vars.get(key), "variable")
         return reply(self._shown(var, permissions), index)
 
     async def var_put(
@@ -83,9 +66,7 @@ class VariableRoutes:
         operations = [op for op in LOCK_OPERATIONS if op in request.query]
         if len(operations) > 1:
             raise bad_request("multiple lock operations")
-        body = await read_json(request)
-        if not isinstance(body, dict):
-            raise bad_request("Failed to decode request body: expected a JSON object")
+        body = await read_object(request)
         ns = request.query.get("namespace") or body.get("Namespace") or "default"
         path, items, lock = p["path"], body.get("Items"), body.get("Lock")
         # Every write, lock operations included, needs `write` on the path.
@@ -117,7 +98,7 @@ class VariableRoutes:
         if conflict is not None:
             shown = self._conflict(conflict, permissions, ns, p["path"])
             return reply(shown, self.sim.index, status)
-        return web.Response(status=200, headers={"X-Nomad-Index": str(self.sim.index)})
+        return index_reply(self.sim.index)
 
     def _permitted(
         self, token: JSON | None, namespace: str, path: str, capability: str

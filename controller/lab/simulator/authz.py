@@ -94,8 +94,7 @@ RULES: dict[str, Rule] = {
     "VariableRoutes.var_delete": IN_HANDLER,  # `destroy` on the path
     "AclRoutes.acl_bootstrap": PUBLIC,
     "AclRoutes.acl_tokens": MANAGEMENT,
-    "AclRoutes.acl_token_create": MANAGEMENT,
-    "AclRoutes.acl_token_update": MANAGEMENT,
+    "AclRoutes.acl_token_write": MANAGEMENT,
     "AclRoutes.acl_token_self": ANY_TOKEN,
     "AclRoutes.acl_token_read": MANAGEMENT,
     "AclRoutes.acl_token_delete": MANAGEMENT,

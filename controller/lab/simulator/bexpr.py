@@ -9,7 +9,7 @@ backtick strings, numbers, booleans and bare words as values.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,22 +128,25 @@ class _Parser:
         return pred
 
     def parse_or(self) -> Predicate:
-        parts = [self.parse_and()]
-        while self.is_word("or"):
-            self.take()
-            parts.append(self.parse_and())
-        if len(parts) == 1:
-            return parts[0]
-        return lambda obj: any(p(obj) for p in parts)
+        return self._joined("or", self.parse_and, any)
 
     def parse_and(self) -> Predicate:
-        parts = [self.parse_unary()]
-        while self.is_word("and"):
+        return self._joined("and", self.parse_unary, all)
+
+    def _joined(
+        self,
+        word: str,
+        parse_operand: Callable[[], Predicate],
+        combine: Callable[[Iterable[bool]], bool],
+    ) -> Predicate:
+        """Operands joined by `word` (`or`: any of them holds, `and`: all of them hold)."""
+        parts = [parse_operand()]
+        while self.is_word(word):
             self.take()
-            parts.append(self.parse_unary())
+            parts.append(parse_operand())
         if len(parts) == 1:
             return parts[0]
-        return lambda obj: all(p(obj) for p in parts)
+        return lambda obj: combine(p(obj) for p in parts)
 
     def parse_unary(self) -> Predicate:
         if self.is_word("not"):

@@ -92,9 +92,7 @@ class NodeRegistry:
         evals = self._node_evals(txn, node["ID"], "node-update")
         if not txn.rows:
             txn.node(node)
-        self.store.commit(txn)
-        for ev in evals:
-            self.scheduler.schedule(ev["ID"])
+        self._commit_and_schedule(txn, evals)
         return {
             "EvalIDs": [e["ID"] for e in evals] or None,
             "EvalCreateIndex": txn.index if evals else 0,
@@ -114,48 +112,57 @@ class NodeRegistry:
                 evals.append(self.scheduler.new_eval(txn, alloc["Job"], trigger, NodeID=node_id))
         return evals
 
+    def _commit_and_schedule(self, txn: Txn, evals: list[JSON]) -> None:
+        """Commit the frame that created the evals, then hand them to the scheduler."""
+        self.store.commit(txn)
+        for ev in evals:
+            self.scheduler.schedule(ev["ID"])
+
     # ------------------------------------------------------------------ drains
-    def drain(
-        self,
-        node_name: str,
-        deadline_seconds: float | None = 3600.0,
-        enable: bool = True,
-        mark_eligible: bool = False,
-    ) -> JSON:
-        """Drain (or stop draining) a node: service allocs migrate, batch allocs wait.
+    def start_drain(self, node_name: str, deadline_seconds: float | None) -> JSON:
+        """Drain a node: service allocs migrate, batch allocs wait.
 
         deadline_seconds < 0 forces the drain now; 0 or None means no deadline.
         """
         node = self._node(node_name)
         txn = self.store.txn("NodeDrain")
-        if enable:
-            deadline_ns = int((deadline_seconds or 0) * 1e9)
-            node["Drain"] = True
-            node["SchedulingEligibility"] = "ineligible"
-            node["DrainStrategy"] = {
-                "DrainSpec": {"Deadline": deadline_ns, "IgnoreSystemJobs": False},
-                "ForceDeadline": iso_after(deadline_seconds) if deadline_ns > 0 else None,
-                "StartedAt": iso_now(),
-            }
-        else:
-            node["Drain"] = False
-            node["DrainStrategy"] = None
-            if mark_eligible:
-                node["SchedulingEligibility"] = "eligible"
+        deadline_ns = int((deadline_seconds or 0) * 1e9)
+        node["Drain"] = True
+        node["SchedulingEligibility"] = "ineligible"
+        node["DrainStrategy"] = {
+            "DrainSpec": {"Deadline": deadline_ns, "IgnoreSystemJobs": False},
+            "ForceDeadline": iso_after(deadline_seconds) if deadline_ns > 0 else None,
+            "StartedAt": iso_now(),
+        }
         txn.node(node)
         self.store.commit(txn)
-        if enable:
-            due = None
-            if deadline_seconds is not None and deadline_seconds != 0:
-                due = max(deadline_seconds, 0.0)
-            self._draining[node["ID"]] = due
-            self.store.later(0, self._drain_step, node["ID"])
-            if due is not None:
-                self.store.later(due, self._drain_deadline, node["ID"])
-        else:
-            self._draining.pop(node["ID"], None)
-            self.scheduler.request_unblock()
+        due = None
+        if deadline_seconds is not None and deadline_seconds != 0:
+            due = max(deadline_seconds, 0.0)
+        self._draining[node["ID"]] = due
+        self.store.later(0, self._drain_step, node["ID"])
+        if due is not None:
+            self.store.later(due, self._drain_deadline, node["ID"])
         return _node_reply(txn)
+
+    def stop_drain(self, node_name: str, mark_eligible: bool) -> JSON:
+        """Stop draining a node, and with `mark_eligible` let it take placements again."""
+        node = self._node(node_name)
+        txn = self._clear_drain(node, mark_eligible)
+        self._draining.pop(node["ID"], None)
+        self.scheduler.request_unblock()
+        return _node_reply(txn)
+
+    def _clear_drain(self, node: JSON, mark_eligible: bool) -> Txn:
+        """One NodeDrain frame: the node's drain strategy is gone."""
+        txn = self.store.txn("NodeDrain")
+        node["Drain"] = False
+        node["DrainStrategy"] = None
+        if mark_eligible:
+            node["SchedulingEligibility"] = "eligible"
+        txn.node(node)
+        self.store.commit(txn)
+        return txn
 
     def _drain_step(self, node_id: str, force: bool = False) -> None:
         if node_id not in self._draining:
@@ -188,9 +195,7 @@ class NodeRegistry:
             store.discard(txn)
             self.check_drain_done(node_id)
             return
-        store.commit(txn)
-        for ev in evals:
-            self.scheduler.schedule(ev["ID"])
+        self._commit_and_schedule(txn, evals)
         if force:
             store.later(0, self._stop_disabled_placements, node_id)
 
@@ -221,34 +226,28 @@ class NodeRegistry:
             if self.store.allocs[alloc_id]["ClientStatus"] not in TERMINAL:
                 return
         del self._draining[node_id]
-        node = self.store.nodes[node_id]
-        txn = self.store.txn("NodeDrain")
-        node["Drain"] = False
-        node["DrainStrategy"] = None
-        txn.node(node)
-        self.store.commit(txn)
+        self._clear_drain(self.store.nodes[node_id], mark_eligible=False)
 
     # ------------------------------------------------------------------ faults
     def node_down(self, node_name: str) -> None:
         """Missed heartbeat: node down, evals node-update, allocs lost and replaced."""
-        node = self._node(node_name)
-        txn = self.store.txn("NodeStreamEvent")
-        node["Status"] = "down"
-        node["StatusDescription"] = "node heartbeat missed"
-        txn.node(node)
+        node, txn = self._new_status(node_name, "down", "node heartbeat missed")
         evals = self._node_evals(txn, node["ID"], "node-update")
-        self.store.commit(txn)
-        for ev in evals:
-            self.scheduler.schedule(ev["ID"])
+        self._commit_and_schedule(txn, evals)
 
     def node_up(self, node_name: str) -> None:
-        node = self._node(node_name)
-        txn = self.store.txn("NodeStreamEvent")
-        node["Status"] = "ready"
-        node["StatusDescription"] = ""
-        txn.node(node)
+        _, txn = self._new_status(node_name, "ready", "")
         self.store.commit(txn)
         self.scheduler.request_unblock()
+
+    def _new_status(self, node_name: str, status: str, description: str) -> tuple[JSON, Txn]:
+        """The node with its new status, written in a NodeStreamEvent frame to commit."""
+        node = self._node(node_name)
+        txn = self.store.txn("NodeStreamEvent")
+        node["Status"] = status
+        node["StatusDescription"] = description
+        txn.node(node)
+        return node, txn
 
 
 def _node_reply(txn: Txn) -> JSON:

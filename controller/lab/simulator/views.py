@@ -11,6 +11,8 @@ from controller.lab.simulator.util import JSON, omit_empty
 if TYPE_CHECKING:
     from controller.lab.simulator.cluster import Simulator
 
+# AllocListStub's fields in Nomad's order; JobType is the job's Type, and the two
+# optional ones are there only when asked for.
 _STUB_FIELDS = (
     "ID",
     "EvalID",
@@ -19,36 +21,38 @@ _STUB_FIELDS = (
     "NodeID",
     "NodeName",
     "JobID",
+    "JobType",
+    "JobVersion",
+    "TaskGroup",
+    "AllocatedResources",
+    "DesiredStatus",
+    "DesiredDescription",
+    "ClientStatus",
+    "ClientDescription",
+    "DesiredTransition",
+    "TaskStates",
+    "DeploymentStatus",
+    "FollowupEvalID",
+    "NextAllocation",
+    "RescheduleTracker",
+    "PreemptedAllocations",
+    "PreemptedByAllocation",
+    "CreateIndex",
+    "ModifyIndex",
+    "CreateTime",
+    "ModifyTime",
 )
 
 
 def alloc_stub(alloc: JSON, task_states: bool = True, resources: bool = False) -> JSON:
     """AllocListStub: no omitempty, never PreviousAllocation."""
-    stub = {k: alloc[k] for k in _STUB_FIELDS}
-    job = alloc["Job"]
-    stub["JobType"] = job["Type"]
-    stub["JobVersion"] = alloc["JobVersion"]
-    stub["TaskGroup"] = alloc["TaskGroup"]
-    if resources:
-        stub["AllocatedResources"] = alloc["AllocatedResources"]
-    stub["DesiredStatus"] = alloc["DesiredStatus"]
-    stub["DesiredDescription"] = alloc["DesiredDescription"]
-    stub["ClientStatus"] = alloc["ClientStatus"]
-    stub["ClientDescription"] = alloc["ClientDescription"]
-    stub["DesiredTransition"] = alloc["DesiredTransition"]
-    if task_states:
-        stub["TaskStates"] = alloc["TaskStates"]
-    stub["DeploymentStatus"] = alloc["DeploymentStatus"]
-    stub["FollowupEvalID"] = alloc["FollowupEvalID"]
-    stub["NextAllocation"] = alloc["NextAllocation"]
-    stub["RescheduleTracker"] = alloc["RescheduleTracker"]
-    stub["PreemptedAllocations"] = alloc["PreemptedAllocations"]
-    stub["PreemptedByAllocation"] = alloc["PreemptedByAllocation"]
-    stub["CreateIndex"] = alloc["CreateIndex"]
-    stub["ModifyIndex"] = alloc["ModifyIndex"]
-    stub["CreateTime"] = alloc["CreateTime"]
-    stub["ModifyTime"] = alloc["ModifyTime"]
-    return stub
+    left_out: set[str] = set()
+    if not task_states:
+        left_out.add("TaskStates")
+    if not resources:
+        left_out.add("AllocatedResources")
+    shown = {**alloc, "JobType": alloc["Job"]["Type"]}
+    return {k: shown[k] for k in _STUB_FIELDS if k not in left_out}
 
 
 def alloc_full(alloc: JSON) -> JSON:
