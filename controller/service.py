@@ -15,6 +15,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -102,6 +103,25 @@ class ServiceSettings:
     tls_key: Path | None = None
     poseidon: PoseidonSettings = field(default_factory=PoseidonSettings)  # --poseidon-api
     access_log: bool = False
+
+
+def shared_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The ServiceSettings fields that `run` and `operator` take from the options they
+    share, checked (a bad value is a UsageError)."""
+    if args.resync_seconds <= 0:
+        raise UsageError(f"--resync-seconds {args.resync_seconds} must be positive")
+    tls_cert, tls_key = tls_files(args.tls_cert, args.tls_key)
+    return {
+        "listen": parse_listen(args.listen),
+        "resync_seconds": args.resync_seconds,
+        "token_file": Path(args.api_token_file) if args.api_token_file else None,
+        "insecure_no_auth": args.insecure_no_auth,
+        "lease_ttl_seconds": lease_ttl(args.lease_ttl_seconds),
+        "tls_cert": tls_cert,
+        "tls_key": tls_key,
+        "poseidon": poseidon_settings(args),
+        "access_log": args.access_log,
+    }
 
 
 def poseidon_settings(args: argparse.Namespace) -> PoseidonSettings:

@@ -19,11 +19,8 @@ from controller.nomad.config import NomadConfig
 from controller.service import (
     Service,
     ServiceSettings,
-    lease_ttl,
     nomad_config_from_env,
-    parse_listen,
-    poseidon_settings,
-    tls_files,
+    shared_settings,
 )
 from controller.sources.files import ConfigError as PoolPathError
 from controller.sources.files import load_pools
@@ -114,26 +111,16 @@ class Controller(Service):
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    if args.resync_seconds <= 0:
-        raise UsageError(f"--resync-seconds {args.resync_seconds} must be positive")
-    tls_cert, tls_key = tls_files(args.tls_cert, args.tls_key)
+    shared = shared_settings(args)
     path = Path(args.pools)
     if not path.exists():
         raise UsageError(f"--pools {args.pools}: no such file or folder")
     return Settings(
         pools_path=path,
-        listen=parse_listen(args.listen),
-        resync_seconds=args.resync_seconds,
-        token_file=Path(args.api_token_file) if args.api_token_file else None,
-        insecure_no_auth=args.insecure_no_auth,
         reconcile=not args.no_reconcile,
         prune=args.prune,
         allow_empty=args.allow_empty,
-        lease_ttl_seconds=lease_ttl(args.lease_ttl_seconds),
-        tls_cert=tls_cert,
-        tls_key=tls_key,
-        poseidon=poseidon_settings(args),
-        access_log=args.access_log,
+        **shared,
     )
 
 

@@ -307,12 +307,7 @@ class NomadClient:
         """Check-and-set write (`cas=0`: must not exist). Returns the stored variable with
         its new ModifyIndex; a lost check raises NomadConflict with `.current`."""
         body = {"Namespace": namespace, "Path": path, "Items": items}
-        params = {"namespace": namespace, "cas": str(cas)}
-        outcome = await self._call(
-            "PUT", "/v1/var/:path", f"/v1/var/{path}", params, json=body,
-            retry=_Retry.IF_NOT_APPLIED,
-        )  # fmt: skip
-        return dict(outcome.body)
+        return await self._write_variable(path, {"namespace": namespace, "cas": str(cas)}, body)
 
     async def acquire_lock(
         self, path: str, items: dict[str, str], namespace: str, terms: LockTerms
@@ -355,7 +350,11 @@ class NomadClient:
     ) -> dict[str, Any]:
         """The holder's write of a locked variable's items (the lock is kept)."""
         body = {"Namespace": namespace, "Path": path, "Items": items, "Lock": {"ID": lock_id}}
-        params = {"namespace": namespace}
+        return await self._write_variable(path, {"namespace": namespace}, body)
+
+    async def _write_variable(
+        self, path: str, params: dict[str, str], body: dict[str, Any]
+    ) -> dict[str, Any]:
         outcome = await self._call(
             "PUT", "/v1/var/:path", f"/v1/var/{path}", params, json=body,
             retry=_Retry.IF_NOT_APPLIED,

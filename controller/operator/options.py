@@ -8,19 +8,11 @@ import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Final
 
 import kopf
 
-from controller.errors import UsageError
-from controller.service import (
-    ServiceSettings,
-    lease_ttl,
-    parse_listen,
-    poseidon_settings,
-    tls_files,
-)
+from controller.service import ServiceSettings, shared_settings
 
 log = logging.getLogger(__name__)
 
@@ -60,27 +52,17 @@ class OperatorOptions(ServiceSettings):
 
 
 def options_from_args(args: argparse.Namespace) -> OperatorOptions:
-    if args.resync_seconds <= 0:
-        raise UsageError(f"--resync-seconds {args.resync_seconds} must be positive")
-    tls_cert, tls_key = tls_files(args.tls_cert, args.tls_key)
+    shared = shared_settings(args)
     priority = args.priority
     if priority is None:
         # kopf pauses every replica when two share a priority: draw from a wide range.
         priority = random.SystemRandom().randint(*PRIORITY_RANGE)
     return OperatorOptions(
         namespaces=tuple(args.namespace or ()) if not args.all_namespaces else (),
-        listen=parse_listen(args.listen),
-        resync_seconds=args.resync_seconds,
-        token_file=Path(args.api_token_file) if args.api_token_file else None,
-        insecure_no_auth=args.insecure_no_auth,
         peering=args.peering,
         priority=priority,
         liveness=args.liveness,
-        lease_ttl_seconds=lease_ttl(args.lease_ttl_seconds),
-        tls_cert=tls_cert,
-        tls_key=tls_key,
-        poseidon=poseidon_settings(args),
-        access_log=args.access_log,
+        **shared,
     )
 
 

@@ -15,7 +15,7 @@ import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 from urllib.parse import quote
 
 import aiohttp
@@ -32,6 +32,16 @@ from tests.support.documents import pool_doc
 from tests.support.waiting import wait_until
 
 from .conftest import TOKEN, Harness, write_pools
+
+
+class Sending(TypedDict, total=False):
+    """What a request sends besides its method and path (the token: TOKEN unless given;
+    None sends no Authorization header)."""
+
+    body: bytes | None
+    headers: dict[str, str] | None
+    token: str | None
+
 
 POOL_PATH = "/v1/pools/default/py/claims"
 METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]
@@ -72,16 +82,10 @@ class Api:
 
         await wait_until(still, within=20, what="Nomad to stop changing")
 
-    async def send(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: bytes | None = None,
-        headers: dict[str, str] | None = None,
-        token: str | None = TOKEN,
-    ) -> tuple[int, str]:
-        all_headers = dict(headers or {})
+    async def send(self, method: str, path: str, **options: Unpack[Sending]) -> tuple[int, str]:
+        body = options.get("body")
+        all_headers = dict(options.get("headers") or {})
+        token = options.get("token", TOKEN)
         if token is not None:
             all_headers.setdefault("Authorization", f"Bearer {token}")
         async with self.http.request(
@@ -103,18 +107,11 @@ class Api:
         return False
 
     async def check(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: bytes | None = None,
-        headers: dict[str, str] | None = None,
-        token: str | None = TOKEN,
-        json_errors: bool = True,
+        self, method: str, path: str, *, json_errors: bool = True, **options: Unpack[Sending]
     ) -> tuple[int, str]:
         """Send, then assert the API's promises for hostile input."""
         before = self.snapshot()
-        status, text = await self.send(method, path, body=body, headers=headers, token=token)
+        status, text = await self.send(method, path, **options)
         assert not TRACEBACK.search(text), (method, path, status, text[:500])
         assert status < 500 or (status == 503 and self.documented(method, path, 503)), (
             method,

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 import pytest
 
 from controller.core.runner_ids import META_POOL, META_TEMPLATE
 from controller.core.views import RunnerState
+from controller.standalone import Controller
 from tests.support.documents import pool_doc
 from tests.support.waiting import wait_until
 
@@ -266,14 +268,20 @@ async def test_orphans_are_left_alone_unless_pruned(harness: Harness, tmp_path, 
     await wait_until(pruned, what="orphans pruned")
 
 
-async def test_orphan_after_a_drain_began_cancels_the_recorded_drain(harness: Harness, tmp_path):
+async def keep_and_gone(harness: Harness, tmp_path: Path, policy: str) -> tuple[Path, Controller]:
+    """A settled controller of the pools `keep` and `gone` (deletionPolicy `policy`)."""
     pools = write_pools(
         tmp_path / "pools.yaml",
         pool_doc("keep", idle=1),
-        pool_doc("gone", idle=1, deletionPolicy="Drain"),
+        pool_doc("gone", idle=1, deletionPolicy=policy),
     )
     controller = await harness.start(pools)
     await harness.settled(controller)
+    return pools, controller
+
+
+async def test_orphan_after_a_drain_began_cancels_the_recorded_drain(harness: Harness, tmp_path):
+    pools, controller = await keep_and_gone(harness, tmp_path, "Drain")
     status, claim = await harness.api(controller, "POST", "/v1/pools/default/gone/claims", {})
     assert status == 201, claim
     write_pools(pools, pool_doc("keep", idle=1))
@@ -294,13 +302,7 @@ async def test_orphan_after_a_drain_began_cancels_the_recorded_drain(harness: Ha
 
 @pytest.mark.slow
 async def test_starts_while_nomad_is_unreachable_and_catches_up(harness: Harness, tmp_path):
-    pools = write_pools(
-        tmp_path / "pools.yaml",
-        pool_doc("keep", idle=1),
-        pool_doc("gone", idle=1, deletionPolicy="Delete"),
-    )
-    controller = await harness.start(pools)
-    await harness.settled(controller)
+    pools, controller = await keep_and_gone(harness, tmp_path, "Delete")
     write_pools(pools, pool_doc("keep", idle=1))
     controller.load_pools()
     await controller.engine.reconcile_namespace("default")  # the drain record is written
