@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 import time
@@ -19,6 +20,7 @@ from typing import Any
 
 from controller.claims.store import ClaimStore
 from controller.core.claims import ClaimRecord, ClaimState, MalformedClaim, RequestRecord
+from controller.core.demand import runner_start, start_items
 from controller.core.runner_ids import RUNNER_ID_PATTERN, is_runner_id
 from controller.core.times import format_time
 from controller.core.views import NodeView, Runner, RunnerState
@@ -298,6 +300,12 @@ class ClaimService:
             allocation_restarts=runner.allocation.restarts,
             node_name=runner.allocation.node_name,
         )
+        if view.policy.demand is not None and view.observation is not None:
+            # The runner's start outlives it in the claim, for the demand estimate.
+            allocations = view.observation.allocations.get(runner.id, ())
+            start = runner_start(runner.job, allocations)
+            if start is not None:
+                record = dataclasses.replace(record, extra=start_items(start))
         # None: another claimer (or a scale-down) won this runner.
         return await self.store.create(record)
 

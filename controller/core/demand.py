@@ -15,7 +15,10 @@ same estimate as the one before it:
   any window). Only client claims count: a runner the controller retires gets a
   tombstone with an inactivity timeout of 0, which no client claim has;
 - the start time comes from each runner job's `SubmitTime` and the `StartedAt` of the
-  first task that ran in any of its allocations.
+  first task that ran in any of its allocations, and for runners already gone from the
+  same two times written into their claims (`ITEM_REGISTERED_AT`, `ITEM_STARTED_AT`): in a
+  burst every started runner is claimed and many are gone before the next pass, and
+  their start times must not go with them.
 The only thing kept between passes is the shrink pacing (`Pacing`); when it is missing (a
 restart, a new pool) the buffer the pool holds now is taken as where the shrink stands,
 so a restart never shrinks the buffer faster than the pacing allows.
@@ -26,11 +29,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
 from controller.core.claims import ClaimRecord
 from controller.core.schedule import schedule_floor
+from controller.core.times import format_time, parse_time, to_ns
 from controller.core.views import (
     AllocationView,
     DemandPolicy,
@@ -49,6 +53,11 @@ START_PERCENTILE = 90
 START_SAMPLES = 100
 # The demand part of the target falls to at most this share of itself per minute.
 KEPT_PER_MINUTE = 0.9
+# Claim items with the claimed runner's start (written for pools with spec.demand): its
+# job's SubmitTime and its first task's StartedAt. A tombstone keeps its claim's items, so
+# a start time stays readable at least ten minutes after its runner is gone.
+ITEM_REGISTERED_AT = "runnerRegisteredAt"
+ITEM_STARTED_AT = "runnerStartedAt"
 
 
 class TargetReason(StrEnum):
@@ -110,20 +119,66 @@ def claims_per_second(
     return len(recent) / min(window_seconds, max(span, shortest))
 
 
+@dataclass(frozen=True, slots=True)
+class StartSample:
+    """One runner's start: when its job was registered and how long it took from then to
+    its first running task."""
+
+    registered_ns: int
+    seconds: float
+
+
+def runner_start(job: JobView, allocations: Sequence[AllocationView]) -> StartSample | None:
+    """The start of a runner from its job and allocations; None before a task has run."""
+    started = [a.started_time_ns for a in allocations if a.started_time_ns]
+    if not started or not job.submit_time_ns or min(started) < job.submit_time_ns:
+        return None
+    return StartSample(job.submit_time_ns, (min(started) - job.submit_time_ns) / 1e9)
+
+
+def start_items(sample: StartSample) -> dict[str, str]:
+    """The claim items that record a runner's start."""
+    registered = _moment(sample.registered_ns)
+    return {
+        ITEM_REGISTERED_AT: format_time(registered),
+        ITEM_STARTED_AT: format_time(registered + timedelta(seconds=sample.seconds)),
+    }
+
+
+def recorded_start(claim: ClaimRecord) -> StartSample | None:
+    """The runner's start as its claim recorded it; None when the claim holds none (or
+    an unreadable one: it is a measurement, not worth refusing the claim over)."""
+    registered, started = claim.extra.get(ITEM_REGISTERED_AT), claim.extra.get(ITEM_STARTED_AT)
+    if registered is None or started is None:
+        return None
+    try:
+        registered_ns, started_ns = to_ns(parse_time(registered)), to_ns(parse_time(started))
+    except ValueError:
+        return None
+    if started_ns < registered_ns:
+        return None
+    return StartSample(registered_ns, (started_ns - registered_ns) / 1e9)
+
+
 def start_seconds_p90(
-    jobs: Iterable[JobView], allocations: Mapping[str, Sequence[AllocationView]]
+    jobs: Iterable[JobView],
+    allocations: Mapping[str, Sequence[AllocationView]],
+    claims: Iterable[ClaimRecord],
 ) -> float | None:
     """The p90 (nearest rank) of the newest runners' times from registration to their
-    first running task; None before any runner has started."""
-    samples: list[tuple[int, float]] = []
+    first running task, from the runners there are and the starts recorded in claims
+    (each runner once); None before any runner has started."""
+    samples = {
+        claim.runner_id: sample for claim in claims if (sample := recorded_start(claim)) is not None
+    }
     for job in jobs:
-        started = [a.started_time_ns for a in allocations.get(job.id, ()) if a.started_time_ns]
-        if started and job.submit_time_ns and min(started) >= job.submit_time_ns:
-            samples.append((job.submit_time_ns, (min(started) - job.submit_time_ns) / 1e9))
+        sample = runner_start(job, allocations.get(job.id, ()))
+        if sample is not None:
+            samples[job.id] = sample
     if not samples:
         return None
-    newest = sorted(samples, reverse=True)[:START_SAMPLES]
-    ordered = sorted(seconds for _, seconds in newest)
+    newest = sorted(samples.values(), key=lambda s: s.registered_ns, reverse=True)
+    ordered = sorted(sample.seconds for sample in newest[:START_SAMPLES])
     rank = math.ceil(START_PERCENTILE / 100 * len(ordered))
     return ordered[rank - 1]
 
@@ -155,14 +210,14 @@ class Measured:
 
 def measure(
     demand: DemandPolicy,
-    claims: Iterable[ClaimRecord],
-    jobs: Iterable[JobView],
+    claims: Sequence[ClaimRecord],
+    jobs: Sequence[JobView],
     allocations: Mapping[str, Sequence[AllocationView]],
     now: datetime,
 ) -> Measured:
     """The demand estimate from what Nomad holds: 0 runners until a cover time is known
     (coverSeconds, or a first runner has started)."""
-    p90 = start_seconds_p90(jobs, allocations)
+    p90 = start_seconds_p90(jobs, allocations, claims)
     cover: float | None = demand.cover_seconds
     if cover is None and p90 is not None:
         cover = p90 * START_MARGIN
@@ -227,10 +282,15 @@ def pass_target(
     if policy.demand is not None:
         measured = measure(
             policy.demand,
-            observation.claims.values(),
+            list(observation.claims.values()),
             observation.jobs,
             observation.allocations,
             now,
         )
     buffer = sum(1 for runner in runners if runner.state in _BUFFER_STATES)
     return idle_target(policy, measured, previous, buffer, now)
+
+
+def _moment(ns: int) -> datetime:
+    """The aware UTC datetime of Unix nanoseconds (to the microsecond)."""
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=ns // 1000)

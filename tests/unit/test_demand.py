@@ -15,9 +15,12 @@ from hypothesis import strategies as st
 
 from controller.core.claims import ClaimRecord, ClaimState
 from controller.core.demand import (
+    ITEM_REGISTERED_AT,
+    ITEM_STARTED_AT,
     IdleTarget,
     Measured,
     Pacing,
+    StartSample,
     TargetReason,
     claims_per_second,
     client_claim_times,
@@ -25,6 +28,9 @@ from controller.core.demand import (
     idle_target,
     measure,
     paced,
+    recorded_start,
+    runner_start,
+    start_items,
     start_seconds_p90,
 )
 from controller.core.schedule import ScheduleWindow, schedule_floor
@@ -39,7 +45,12 @@ def ago(seconds: float) -> datetime:
 
 
 def claim(
-    runner: int, claimed_at: datetime, *, timeout: int = 300, state: ClaimState = ClaimState.CLAIMED
+    runner: int,
+    claimed_at: datetime,
+    *,
+    timeout: int = 300,
+    state: ClaimState = ClaimState.CLAIMED,
+    extra: dict[str, str] | None = None,
 ) -> ClaimRecord:
     return ClaimRecord(
         runner_id=f"py-{runner:012x}",
@@ -52,6 +63,7 @@ def claim(
         expires_at=claimed_at + timedelta(seconds=timeout),
         inactivity_timeout_seconds=timeout,
         state=state,
+        extra=extra or {},
     )
 
 
@@ -145,7 +157,7 @@ def test_start_p90_is_registration_to_first_running_task_of_the_newest_runners()
         j.id: (alloc(i, ago(1000 - i) + timedelta(seconds=i)),) for i, j in enumerate(jobs, 1)
     }
     allocations[jobs[-1].id] += (alloc(10, NOW, name="b"),)
-    assert start_seconds_p90(jobs, allocations) == pytest.approx(9.0)
+    assert start_seconds_p90(jobs, allocations, ()) == pytest.approx(9.0)
 
 
 def test_start_p90_ignores_runners_that_never_ran_and_keeps_the_newest_hundred() -> None:
@@ -155,9 +167,47 @@ def test_start_p90_ignores_runners_that_never_ran_and_keeps_the_newest_hundred()
     allocations |= {j.id: (alloc(int(j.id[3:], 16), ago(98)),) for j in new}  # 2 s
     never = job(999, ago(50))
     allocations[never.id] = (alloc(999, None),)
-    assert start_seconds_p90([*old, *new, never], allocations) == pytest.approx(2.0)
-    assert start_seconds_p90([never], allocations) is None
-    assert start_seconds_p90([], {}) is None
+    assert start_seconds_p90([*old, *new, never], allocations, ()) == pytest.approx(2.0)
+    assert start_seconds_p90([never], allocations, ()) is None
+    assert start_seconds_p90([], {}, ()) is None
+
+
+def started_claim(runner: int, registered: datetime, seconds: float) -> ClaimRecord:
+    """A tombstone of a runner that is gone, with the start its claim recorded."""
+    sample = StartSample(to_ns(registered), seconds)
+    return claim(runner, registered, state=ClaimState.RELEASED, extra=start_items(sample))
+
+
+def test_a_start_recorded_in_a_claim_survives_its_runner() -> None:
+    sample = StartSample(to_ns(ago(100)), 2.5)
+    items = start_items(sample)
+    assert items == {
+        ITEM_REGISTERED_AT: "2026-01-14T07:48:20Z",
+        ITEM_STARTED_AT: "2026-01-14T07:48:22.5Z",
+    }
+    assert recorded_start(claim(1, ago(90), extra=items)) == sample
+    # A job still there counts once, by its own times; gone runners by their claims.
+    there = job(1, ago(100))
+    allocations = {there.id: (alloc(1, ago(100) + timedelta(seconds=4)),)}
+    claims = [started_claim(1, ago(100), 9.0), *(started_claim(i, ago(50), 2.0) for i in (2, 3))]
+    assert runner_start(there, allocations[there.id]) == StartSample(to_ns(ago(100)), 4.0)
+    assert start_seconds_p90([there], allocations, claims) == pytest.approx(4.0)
+    assert start_seconds_p90([], {}, claims) == pytest.approx(9.0)
+
+
+@pytest.mark.parametrize(
+    "items",
+    [
+        {},  # written by an older version, or by a pool without spec.demand
+        {ITEM_REGISTERED_AT: "2026-01-14T07:48:20Z"},
+        {ITEM_REGISTERED_AT: "yesterday", ITEM_STARTED_AT: "2026-01-14T07:48:22Z"},
+        # started before it was registered: no sample
+        {ITEM_REGISTERED_AT: "2026-01-14T07:48:20Z", ITEM_STARTED_AT: "2026-01-14T07:48:19Z"},
+    ],
+)
+def test_a_claim_without_a_readable_start_gives_no_sample(items: dict[str, str]) -> None:
+    assert recorded_start(claim(1, ago(90), extra=items)) is None
+    assert start_seconds_p90([], {}, [claim(1, ago(90), extra=items)]) is None
 
 
 @pytest.mark.parametrize(
