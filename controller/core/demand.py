@@ -3,13 +3,14 @@
 Pure; `now` and everything measured come in as arguments. The target is the highest of
 - the floor, `spec.idleRunners`;
 - the floors of the schedule windows open now (core/schedule.py);
-- with `spec.demand`, the demand estimate: the claims the buffer must absorb while a new
-  runner starts, `ceil(rate * cover + sqrt(rate * cover))` (the square root is a Poisson
-  margin), held back by the shrink pacing;
+- with `spec.demand`, the demand estimate: a runner for every claim request waiting now,
+  plus the claims the buffer must absorb while a new runner starts,
+  `ceil(rate * cover + sqrt(rate * cover))` (the square root is a Poisson margin), held
+  back by the shrink pacing;
 capped by `demand.maxIdleRunners` (when set) and by `maxRunners`.
 
-Everything measured is read from Nomad on every pass, so a restarted controller has the
-same estimate as the one before it:
+What happened is read from Nomad on every pass, so a restarted controller has the same
+estimate as the one before it:
 - the claim rate comes from the `claimedAt` of the pool's claim variables, live claims and
   tombstones alike (a tombstone outlives its claim by at least ten minutes, longer than
   any window). Only client claims count: a runner the controller retires gets a
@@ -19,9 +20,17 @@ same estimate as the one before it:
   same two times written into their claims (`ITEM_REGISTERED_AT`, `ITEM_STARTED_AT`): in a
   burst every started runner is claimed and many are gone before the next pass, and
   their start times must not go with them.
-The only thing kept between passes is the shrink pacing (`Pacing`); when it is missing (a
-restart, a new pool) the buffer the pool holds now is taken as where the shrink stands,
-so a restart never shrinks the buffer faster than the pacing allows.
+What is happening now comes from the caller: the claim requests waiting for an idle
+runner. A claim that waits is written to Nomad only once it is answered, so without them
+the rate is what the pool could serve, not what arrives. They count as arrivals in the
+rate, and each wants a runner of its own on top of the buffer; that runner is paced with
+the rest, since a request that had to wait shows the buffer was short. They live as long
+as their request: a restart ends them (their connections were to the old process), so it
+loses nothing that would still be waiting; a request waiting in another replica is seen
+once it is answered.
+The only other thing kept between passes is the shrink pacing (`Pacing`); when it is
+missing (a restart, a new pool) the buffer the pool holds now is taken as where the
+shrink stands, so a restart never shrinks the buffer faster than the pacing allows.
 """
 
 from __future__ import annotations
@@ -213,17 +222,21 @@ def measure(
     claims: Sequence[ClaimRecord],
     jobs: Sequence[JobView],
     allocations: Mapping[str, Sequence[AllocationView]],
+    waiting: Sequence[datetime],
     now: datetime,
 ) -> Measured:
-    """The demand estimate from what Nomad holds: 0 runners until a cover time is known
+    """The demand estimate from what Nomad holds and the claim requests waiting now (when
+    each arrived, once per runner it wants): a runner for each of those, plus the claims
+    expected over the cover time, none of them until a cover time is known
     (coverSeconds, or a first runner has started)."""
     p90 = start_seconds_p90(jobs, allocations, claims)
     cover: float | None = demand.cover_seconds
     if cover is None and p90 is not None:
         cover = p90 * START_MARGIN
-    rate = claims_per_second(client_claim_times(claims), now, demand.window_seconds, cover)
-    runners = demand_runners(rate, cover) if cover else 0
-    return Measured(rate * 60, p90, runners)
+    arrivals = [*client_claim_times(claims), *waiting]
+    rate = claims_per_second(arrivals, now, demand.window_seconds, cover)
+    expected = demand_runners(rate, cover) if cover else 0
+    return Measured(rate * 60, p90, expected + len(waiting))
 
 
 def idle_target(
@@ -272,10 +285,11 @@ def pass_target(
     observation: PoolObservation,
     runners: Sequence[Runner],
     previous: Pacing | None,
+    waiting: Sequence[datetime],
     now: datetime,
 ) -> tuple[IdleTarget, Pacing | None]:
-    """One pass's idle target from the pool's observation and classified runners (none
-    for a pool being removed)."""
+    """One pass's idle target from the pool's observation, classified runners (none for a
+    pool being removed) and the claim requests waiting for it now."""
     if policy.mode is not PoolMode.ACTIVE:
         return IdleTarget.fixed(0), None
     measured = None
@@ -285,6 +299,7 @@ def pass_target(
             list(observation.claims.values()),
             observation.jobs,
             observation.allocations,
+            waiting,
             now,
         )
     buffer = sum(1 for runner in runners if runner.state in _BUFFER_STATES)

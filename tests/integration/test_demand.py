@@ -99,6 +99,31 @@ async def test_a_burst_raises_the_target_and_refills_ahead_of_demand(harness: Ha
     assert f'poolkeeper_desired_idle_runners{{pool="default/py"}} {float(idle)}' in metrics
 
 
+async def test_a_claim_that_waits_counts_before_it_is_answered(harness: Harness, tmp_path):
+    clock = FakeClock()
+    controller = await harness.start(write_pools(tmp_path / "p.yaml", demand_pool()), clock=clock)
+    await harness.settled(controller)
+    view = controller.engine.pools["default/py"]
+    harness.sim.set_start_delay(1.5)  # long enough to see the request wait
+    assert len(await claim_many(harness, controller, 2)) == 2  # the two idle runners
+    # Two claims per 5 s cover time: ceil(2 + sqrt 2)
+    await wait_until(target_at_least(view, 4), what="the target to follow the claims")
+
+    waiting = asyncio.ensure_future(
+        harness.api(controller, "POST", "/v1/pools/default/py/claims", LONG_CLAIM)
+    )
+    # Not answered yet, so not in Nomad, but an arrival all the same (three per cover
+    # time: ceil(3 + sqrt 3)) that wants a runner of its own.
+    await wait_until(target_at_least(view, 5 + 1), what="the waiting claim to count")
+    assert not waiting.done()
+    assert len(view.waiting.arrivals) == 1
+    status, body = await waiting
+    assert status == 201, body
+    assert view.waiting.arrivals == []
+    harness.sim.set_start_delay(0.05)
+    await harness.settled(controller)
+
+
 async def test_a_claim_records_its_runners_start_and_its_tombstone_keeps_it(
     harness: Harness, tmp_path
 ):

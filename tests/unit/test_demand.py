@@ -228,10 +228,41 @@ def test_cover_time(cover_seconds: int | None, p90: float | None, runners: int) 
     jobs, allocations = ([job(1, ago(100))], {})
     if p90 is not None:
         allocations = {jobs[0].id: (alloc(1, ago(100) + timedelta(seconds=p90)),)}
-    measured = measure(demand, claims, jobs, allocations, NOW)
+    measured = measure(demand, claims, jobs, allocations, (), NOW)
     assert measured.demand == runners
     assert measured.start_seconds_p90 == p90
     assert measured.claims_per_minute == pytest.approx(60.0, rel=1e-3)
+
+
+# ---- claim requests waiting now ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("claims_ago", "waiting_ago", "cover_seconds", "rate", "runners"),
+    [
+        # nothing waits: the claims alone (5 in the last 5 s: ceil(5 + sqrt 5) = 8)
+        ([0.5, 1.5, 2.5, 3.5, 4.5], [], 5, 1.0, 8),
+        # the first seconds of a burst: 5 answered, 4 waiting. They arrived, so the rate
+        # is 9 per cover time, and each wants a runner of its own: ceil(9 + 3) + 4
+        ([2.5, 3.0, 3.5, 4.0, 4.5], [0.2, 0.5, 1.0, 2.0], 5, 9 / 5, 16),
+        # a batch of 3 waits as 3 arrivals at one moment: ceil(3 + sqrt 3) + 3
+        ([], [1.0, 1.0, 1.0], 5, 3 / 5, 8),
+        # no cover time yet: no estimate, but the waiting requests still want runners
+        ([1.0], [0.5, 0.5], None, 3 / 60, 2),
+    ],
+)
+def test_waiting_requests_are_arrivals_and_each_wants_a_runner(
+    claims_ago: list[float],
+    waiting_ago: list[float],
+    cover_seconds: int | None,
+    rate: float,
+    runners: int,
+) -> None:
+    demand = DemandPolicy(window_seconds=60, cover_seconds=cover_seconds)
+    claims = [claim(i, ago(s)) for i, s in enumerate(claims_ago)]
+    measured = measure(demand, claims, [], {}, [ago(s) for s in waiting_ago], NOW)
+    assert measured.claims_per_minute == pytest.approx(rate * 60)
+    assert measured.demand == runners
 
 
 @pytest.mark.parametrize(
@@ -399,6 +430,7 @@ def policies(draw: st.DrawFn) -> PoolPolicy:
     ),
     st.integers(0, 500),
     st.integers(0, 366 * 24 * 60),
+    st.lists(st.floats(0, 30), max_size=300),
 )
 def test_target_stays_between_the_open_floor_and_the_caps(
     pol: PoolPolicy,
@@ -407,6 +439,7 @@ def test_target_stays_between_the_open_floor_and_the_caps(
     previous: Pacing | None,
     buffer: int,
     minutes: int,
+    waiting_ago: list[float],
 ) -> None:
     now = NOW + timedelta(minutes=minutes)
     if previous is not None:
@@ -419,7 +452,8 @@ def test_target_stays_between_the_open_floor_and_the_caps(
         if p90 is not None:
             allocations = {jobs[0].id: (alloc(1, submitted + timedelta(seconds=p90)),)}
         claims = [claim(i, now - timedelta(seconds=s)) for i, s in enumerate(claims_ago)]
-        measured = measure(pol.demand, claims, jobs, allocations, now)
+        waiting = [now - timedelta(seconds=s) for s in waiting_ago]
+        measured = measure(pol.demand, claims, jobs, allocations, waiting, now)
     target, _ = idle_target(pol, measured, previous, buffer, now)
     assert target.idle_runners <= pol.max_runners
     if pol.demand is not None and pol.demand.max_idle_runners is not None:
