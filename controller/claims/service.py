@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 import time
@@ -19,6 +20,7 @@ from typing import Any
 
 from controller.claims.store import ClaimStore
 from controller.core.claims import ClaimRecord, ClaimState, MalformedClaim, RequestRecord
+from controller.core.demand import runner_start, start_items
 from controller.core.runner_ids import RUNNER_ID_PATTERN, is_runner_id
 from controller.core.times import format_time
 from controller.core.views import NodeView, Runner, RunnerState
@@ -169,26 +171,42 @@ class ClaimService:
         request_id: str | None,
     ) -> list[ClaimRecord]:
         """Claims from the first pool that has enough idle runners, waiting (at most
-        wait_seconds) for an observation of any of the pools while none has."""
+        wait_seconds) for an observation of any of the pools while none has. A request
+        that waits says so to the first pool, its preference: the demand estimate
+        counts it (core/demand.py), and a pass comes at once to raise the target."""
         count = request.count or 1
         deadline = time.monotonic() + request.wait_seconds
-        while True:
-            for view in views:
-                records = await self._take_from(view, count, inactivity[view.key], request_id)
-                if records:
-                    self.engine.hint_namespace(view.policy.nomad_namespace)
-                    return records
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                names = ", ".join(view.key for view in views)
-                if not any(view.observed for view in views):
-                    # Not "empty": this process has not read the pools from Nomad yet.
-                    raise ServiceError(
-                        ErrorCode.NOMAD_UNAVAILABLE, f"not read from Nomad yet: {names}"
-                    )
-                wanted = "an idle runner" if count == 1 else f"{count} idle runners"
-                raise ServiceError(ErrorCode.POOL_EMPTY, f"no pool has {wanted}: {names}")
-            await self._wait_for_any(views, remaining)
+        records = await self._take_first(views, count, inactivity, request_id)
+        if records is None and request.wait_seconds > 0:
+            preferred = views[0]
+            with preferred.waiting.counted(self.engine.clock(), count):
+                self.engine.hint_namespace(preferred.policy.nomad_namespace)
+                while records is None and (remaining := deadline - time.monotonic()) > 0:
+                    await self._wait_for_any(views, remaining)
+                    records = await self._take_first(views, count, inactivity, request_id)
+        if records is None:
+            names = ", ".join(view.key for view in views)
+            if not any(view.observed for view in views):
+                # Not "empty": this process has not read the pools from Nomad yet.
+                raise ServiceError(ErrorCode.NOMAD_UNAVAILABLE, f"not read from Nomad yet: {names}")
+            wanted = "an idle runner" if count == 1 else f"{count} idle runners"
+            raise ServiceError(ErrorCode.POOL_EMPTY, f"no pool has {wanted}: {names}")
+        return records
+
+    async def _take_first(
+        self,
+        views: Sequence[PoolView],
+        count: int,
+        inactivity: dict[str, int],
+        request_id: str | None,
+    ) -> list[ClaimRecord] | None:
+        """`count` runners of the first pool (in order) that has them, or None."""
+        for view in views:
+            records = await self._take_from(view, count, inactivity[view.key], request_id)
+            if records:
+                self.engine.hint_namespace(view.policy.nomad_namespace)
+                return records
+        return None
 
     async def _wait_for_any(self, views: Sequence[PoolView], within: float) -> None:
         waits = [
@@ -298,6 +316,12 @@ class ClaimService:
             allocation_restarts=runner.allocation.restarts,
             node_name=runner.allocation.node_name,
         )
+        if view.policy.demand is not None and view.observation is not None:
+            # The runner's start outlives it in the claim, for the demand estimate.
+            allocations = view.observation.allocations.get(runner.id, ())
+            start = runner_start(runner.job, allocations)
+            if start is not None:
+                record = dataclasses.replace(record, extra=start_items(start))
         # None: another claimer (or a scale-down) won this runner.
         return await self.store.create(record)
 

@@ -3,22 +3,34 @@
 Pure; `now` and everything measured come in as arguments. The target is the highest of
 - the floor, `spec.idleRunners`;
 - the floors of the schedule windows open now (core/schedule.py);
-- with `spec.demand`, the demand estimate: the claims the buffer must absorb while a new
-  runner starts, `ceil(rate * cover + sqrt(rate * cover))` (the square root is a Poisson
-  margin), held back by the shrink pacing;
+- with `spec.demand`, the demand estimate: a runner for every claim request waiting now,
+  plus the claims the buffer must absorb while a new runner starts,
+  `ceil(rate * cover + sqrt(rate * cover))` (the square root is a Poisson margin), held
+  back by the shrink pacing;
 capped by `demand.maxIdleRunners` (when set) and by `maxRunners`.
 
-Everything measured is read from Nomad on every pass, so a restarted controller has the
-same estimate as the one before it:
+What happened is read from Nomad on every pass, so a restarted controller has the same
+estimate as the one before it:
 - the claim rate comes from the `claimedAt` of the pool's claim variables, live claims and
   tombstones alike (a tombstone outlives its claim by at least ten minutes, longer than
   any window). Only client claims count: a runner the controller retires gets a
   tombstone with an inactivity timeout of 0, which no client claim has;
 - the start time comes from each runner job's `SubmitTime` and the `StartedAt` of the
-  first task that ran in any of its allocations.
-The only thing kept between passes is the shrink pacing (`Pacing`); when it is missing (a
-restart, a new pool) the buffer the pool holds now is taken as where the shrink stands,
-so a restart never shrinks the buffer faster than the pacing allows.
+  first task that ran in any of its allocations, and for runners already gone from the
+  same two times written into their claims (`ITEM_REGISTERED_AT`, `ITEM_STARTED_AT`): in a
+  burst every started runner is claimed and many are gone before the next pass, and
+  their start times must not go with them.
+What is happening now comes from the caller: the claim requests waiting for an idle
+runner. A claim that waits is written to Nomad only once it is answered, so without them
+the rate is what the pool could serve, not what arrives. They count as arrivals in the
+rate, and each wants a runner of its own on top of the buffer; that runner is paced with
+the rest, since a request that had to wait shows the buffer was short. They live as long
+as their request: a restart ends them (their connections were to the old process), so it
+loses nothing that would still be waiting; a request waiting in another replica is seen
+once it is answered.
+The only other thing kept between passes is the shrink pacing (`Pacing`); when it is
+missing (a restart, a new pool) the buffer the pool holds now is taken as where the
+shrink stands, so a restart never shrinks the buffer faster than the pacing allows.
 """
 
 from __future__ import annotations
@@ -26,11 +38,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
 from controller.core.claims import ClaimRecord
 from controller.core.schedule import schedule_floor
+from controller.core.times import format_time, parse_time, to_ns
 from controller.core.views import (
     AllocationView,
     DemandPolicy,
@@ -49,6 +62,11 @@ START_PERCENTILE = 90
 START_SAMPLES = 100
 # The demand part of the target falls to at most this share of itself per minute.
 KEPT_PER_MINUTE = 0.9
+# Claim items with the claimed runner's start (written for pools with spec.demand): its
+# job's SubmitTime and its first task's StartedAt. A tombstone keeps its claim's items, so
+# a start time stays readable at least ten minutes after its runner is gone.
+ITEM_REGISTERED_AT = "runnerRegisteredAt"
+ITEM_STARTED_AT = "runnerStartedAt"
 
 
 class TargetReason(StrEnum):
@@ -110,20 +128,66 @@ def claims_per_second(
     return len(recent) / min(window_seconds, max(span, shortest))
 
 
+@dataclass(frozen=True, slots=True)
+class StartSample:
+    """One runner's start: when its job was registered and how long it took from then to
+    its first running task."""
+
+    registered_ns: int
+    seconds: float
+
+
+def runner_start(job: JobView, allocations: Sequence[AllocationView]) -> StartSample | None:
+    """The start of a runner from its job and allocations; None before a task has run."""
+    started = [a.started_time_ns for a in allocations if a.started_time_ns]
+    if not started or not job.submit_time_ns or min(started) < job.submit_time_ns:
+        return None
+    return StartSample(job.submit_time_ns, (min(started) - job.submit_time_ns) / 1e9)
+
+
+def start_items(sample: StartSample) -> dict[str, str]:
+    """The claim items that record a runner's start."""
+    registered = _moment(sample.registered_ns)
+    return {
+        ITEM_REGISTERED_AT: format_time(registered),
+        ITEM_STARTED_AT: format_time(registered + timedelta(seconds=sample.seconds)),
+    }
+
+
+def recorded_start(claim: ClaimRecord) -> StartSample | None:
+    """The runner's start as its claim recorded it; None when the claim holds none (or
+    an unreadable one: it is a measurement, not worth refusing the claim over)."""
+    registered, started = claim.extra.get(ITEM_REGISTERED_AT), claim.extra.get(ITEM_STARTED_AT)
+    if registered is None or started is None:
+        return None
+    try:
+        registered_ns, started_ns = to_ns(parse_time(registered)), to_ns(parse_time(started))
+    except ValueError:
+        return None
+    if started_ns < registered_ns:
+        return None
+    return StartSample(registered_ns, (started_ns - registered_ns) / 1e9)
+
+
 def start_seconds_p90(
-    jobs: Iterable[JobView], allocations: Mapping[str, Sequence[AllocationView]]
+    jobs: Iterable[JobView],
+    allocations: Mapping[str, Sequence[AllocationView]],
+    claims: Iterable[ClaimRecord],
 ) -> float | None:
     """The p90 (nearest rank) of the newest runners' times from registration to their
-    first running task; None before any runner has started."""
-    samples: list[tuple[int, float]] = []
+    first running task, from the runners there are and the starts recorded in claims
+    (each runner once); None before any runner has started."""
+    samples = {
+        claim.runner_id: sample for claim in claims if (sample := recorded_start(claim)) is not None
+    }
     for job in jobs:
-        started = [a.started_time_ns for a in allocations.get(job.id, ()) if a.started_time_ns]
-        if started and job.submit_time_ns and min(started) >= job.submit_time_ns:
-            samples.append((job.submit_time_ns, (min(started) - job.submit_time_ns) / 1e9))
+        sample = runner_start(job, allocations.get(job.id, ()))
+        if sample is not None:
+            samples[job.id] = sample
     if not samples:
         return None
-    newest = sorted(samples, reverse=True)[:START_SAMPLES]
-    ordered = sorted(seconds for _, seconds in newest)
+    newest = sorted(samples.values(), key=lambda s: s.registered_ns, reverse=True)
+    ordered = sorted(sample.seconds for sample in newest[:START_SAMPLES])
     rank = math.ceil(START_PERCENTILE / 100 * len(ordered))
     return ordered[rank - 1]
 
@@ -155,20 +219,24 @@ class Measured:
 
 def measure(
     demand: DemandPolicy,
-    claims: Iterable[ClaimRecord],
-    jobs: Iterable[JobView],
+    claims: Sequence[ClaimRecord],
+    jobs: Sequence[JobView],
     allocations: Mapping[str, Sequence[AllocationView]],
+    waiting: Sequence[datetime],
     now: datetime,
 ) -> Measured:
-    """The demand estimate from what Nomad holds: 0 runners until a cover time is known
+    """The demand estimate from what Nomad holds and the claim requests waiting now (when
+    each arrived, once per runner it wants): a runner for each of those, plus the claims
+    expected over the cover time, none of them until a cover time is known
     (coverSeconds, or a first runner has started)."""
-    p90 = start_seconds_p90(jobs, allocations)
+    p90 = start_seconds_p90(jobs, allocations, claims)
     cover: float | None = demand.cover_seconds
     if cover is None and p90 is not None:
         cover = p90 * START_MARGIN
-    rate = claims_per_second(client_claim_times(claims), now, demand.window_seconds, cover)
-    runners = demand_runners(rate, cover) if cover else 0
-    return Measured(rate * 60, p90, runners)
+    arrivals = [*client_claim_times(claims), *waiting]
+    rate = claims_per_second(arrivals, now, demand.window_seconds, cover)
+    expected = demand_runners(rate, cover) if cover else 0
+    return Measured(rate * 60, p90, expected + len(waiting))
 
 
 def idle_target(
@@ -217,20 +285,27 @@ def pass_target(
     observation: PoolObservation,
     runners: Sequence[Runner],
     previous: Pacing | None,
+    waiting: Sequence[datetime],
     now: datetime,
 ) -> tuple[IdleTarget, Pacing | None]:
-    """One pass's idle target from the pool's observation and classified runners (none
-    for a pool being removed)."""
+    """One pass's idle target from the pool's observation, classified runners (none for a
+    pool being removed) and the claim requests waiting for it now."""
     if policy.mode is not PoolMode.ACTIVE:
         return IdleTarget.fixed(0), None
     measured = None
     if policy.demand is not None:
         measured = measure(
             policy.demand,
-            observation.claims.values(),
+            list(observation.claims.values()),
             observation.jobs,
             observation.allocations,
+            waiting,
             now,
         )
     buffer = sum(1 for runner in runners if runner.state in _BUFFER_STATES)
     return idle_target(policy, measured, previous, buffer, now)
+
+
+def _moment(ns: int) -> datetime:
+    """The aware UTC datetime of Unix nanoseconds (to the microsecond)."""
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=ns // 1000)

@@ -253,6 +253,7 @@ class Reconciler:
             observation,
             runners,
             managed.pacing,
+            tuple(managed.waiting.arrivals),
             now,
         )
         self._observed.pop(managed.key, asyncio.Event()).set()

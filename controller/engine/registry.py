@@ -10,6 +10,7 @@ refusal is reported in its status (`refusal`).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -28,6 +29,25 @@ from controller.core.status import PoolStatus
 from controller.core.views import DemandPolicy, PoolMode, PoolObservation, PoolPolicy, Runner
 from controller.model import RunnerPool, RunnerPoolSpec
 from controller.nomad.jobs import render_job, template_hash
+
+
+@dataclass
+class WaitingClaims:
+    """The claim requests this process holds waiting for idle runners of a pool: when each
+    arrived, once per runner it wants. The demand estimate counts them (core/demand.py)."""
+
+    arrivals: list[datetime] = field(default_factory=list)
+
+    @contextlib.contextmanager
+    def counted(self, arrived: datetime, runners: int) -> Iterator[None]:
+        """Counted while the block runs: the request waits in it."""
+        added = [arrived] * runners
+        self.arrivals.extend(added)
+        try:
+            yield
+        finally:
+            for moment in added:
+                self.arrivals.remove(moment)
 
 
 @dataclass
@@ -55,6 +75,8 @@ class ManagedPool:
     # Where the shrink of the demand part stands; the one thing a restart may lose
     # (core/demand.py says how it degrades).
     pacing: Pacing | None = None
+    # Claim requests waiting for its runners, which the claim service keeps up to date.
+    waiting: WaitingClaims = field(default_factory=WaitingClaims)
 
     @property
     def spec_hash(self) -> str:
@@ -116,6 +138,9 @@ class PoolView(Protocol):
     def active(self) -> bool: ...
     @property
     def lease(self) -> LeaseState | None: ...
+    @property
+    def waiting(self) -> WaitingClaims:
+        """Where a claim request that waits for the pool's runners says so."""
 
 
 class PoolRegistry:

@@ -1,18 +1,22 @@
 """The `demand` section of `poolkeeper bench`: a class day replayed on the simulator.
 
 Three pools of `idleRunners: 5` run side by side in one controller, and every learner of
-the day claims from each of them at the same moment:
+the day claims from each of them at the same moment (in an order drawn afresh each time):
 - `fixed`: idleRunners alone;
 - `demand`: with `spec.demand` (maxIdleRunners 60, the default window and measured cover);
-- `oracle`: idleRunners raised by the benchmark itself just before each burst, to what
-  the burst needs (the demand formula with the true rate and start time), and lowered
-  again the moment the burst ends.
+- `oracle`: idleRunners raised by the benchmark itself before each burst to what the
+  burst needs (the demand formula with the true rate and start time), the burst starting
+  once the oracle holds them, and lowered again when the burst's last claim arrives.
 
-The day: a quiet hour (a claim every five minutes), a burst of 200 claims in 60 s,
-30 quiet minutes, a second burst, a quiet hour. It runs on a compressed clock: the
-simulator (in its child process) and the controller both report time sped up SPEED
-times from one origin, and the quiet stretches are stepped through a minute at a time
-(both clocks jump, then a pass runs). Runners start in START_SECONDS of that time.
+The day (`FULL_DAY`): a quiet hour (a claim every five minutes), a burst of 200 claims in
+60 s, 30 quiet minutes, a second burst, a quiet hour. Runners start in START_SECONDS. The
+quiet stretches are stepped through a minute at a time: passes run until one changes
+nothing with no runner starting, then the simulator's clock and the controller's jump a
+minute. The bursts run in real time: the controller's own latency (its passes, the claim
+API, the learners' HTTP round trips) is real time, and on a sped-up clock it would count
+that many times over, against a start time that does not; that costs a pool reacting to
+claims more than one that knew in advance (docs/performance.md). `--quick` replays a
+shorter day (`QUICK_DAY`) four times faster: a smoke test of the section, not its figures.
 
 A learner claims without waiting; a 503 counts as not instant and is retried with
 `waitSeconds`. Then it releases the runner. Idle runner-minutes integrate each pool's
@@ -47,18 +51,27 @@ POOLS = ("fixed", "demand", "oracle")
 FLOOR = 5
 MAX_RUNNERS = 400
 START_SECONDS = 2.0
-BURST_CLAIMS = 200
-BURST_SECONDS = 60.0
-QUIET_MINUTES = (60, 30, 60)  # before the first burst, between the bursts, after
 QUIET_CLAIM_EVERY_MINUTES = 5
-ORACLE_LEAD_SECONDS = 10.0
 RETRY_WAIT_SECONDS = 30
 SEED = 16
+# Real seconds a quiet step may take to settle (a refill starts in START_SECONDS ÷ speed).
+SETTLE_SECONDS = 30.0
 
 
-# Day seconds per real second.
-FULL_SPEED = 4.0
-QUICK_SPEED = 10.0
+@dataclass(frozen=True)
+class ClassDay:
+    burst_claims: int
+    burst_seconds: float
+    quiet_minutes: tuple[int, int, int]  # before the first burst, between the bursts, after
+    speed: float  # day seconds per real second
+
+    @property
+    def claims_per_second(self) -> float:
+        return self.burst_claims / self.burst_seconds
+
+
+FULL_DAY = ClassDay(200, 60.0, (60, 30, 60), speed=1.0)
+QUICK_DAY = ClassDay(30, 9.0, (5, 5, 5), speed=4.0)
 
 
 class DayClock:
@@ -95,10 +108,10 @@ def pool_documents(oracle_idle: int) -> list[dict[str, Any]]:
     return documents
 
 
-def oracle_burst_idle() -> int:
+def oracle_burst_idle(day: ClassDay) -> int:
     """What a burst needs, known in advance: its claims over the cover time the demand
     pool measures (the start time plus half), with the same Poisson margin."""
-    expected = BURST_CLAIMS / BURST_SECONDS * START_SECONDS * 1.5
+    expected = day.claims_per_second * START_SECONDS * 1.5
     return max(FLOOR, math.ceil(expected + math.sqrt(expected)))
 
 
@@ -117,14 +130,23 @@ class Tally:
 
 class Day:
     def __init__(
-        self, controller: Controller, sim: bench.SimProcess, clock: DayClock, pools: Path
+        self,
+        day: ClassDay,
+        controller: Controller,
+        sim: bench.SimProcess,
+        clock: DayClock,
+        pools: Path,
     ) -> None:
+        self.day = day
         self.controller = controller
         self.sim = sim
         self.clock = clock
         self.pools_file = pools
         self.tally = Tally()
         self.http = aiohttp.ClientSession()
+        # Which pool a learner asks first: drawn apart from the arrivals, which stay those
+        # of SEED whatever else changes.
+        self.order = random.Random(SEED + 1)
 
     def idle(self) -> dict[str, int]:
         engine = self.controller.engine
@@ -140,9 +162,17 @@ class Day:
         )
 
     async def settle(self) -> None:
-        await self.controller.engine.reconcile_namespace(bench.NAMESPACE)
-        await bench.wait_for(lambda: not self._starting(), 30, "runners to start")
-        await self.controller.engine.reconcile_namespace(bench.NAMESPACE)
+        """Passes until one creates and destroys nothing and no runner is starting, so
+        every refill has started before the clocks jump: a start spanning a jump would
+        be measured (by the demand pool) a minute long."""
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while True:
+            done = await self.controller.engine.reconcile_namespace(bench.NAMESPACE)
+            if done.created == 0 and done.destroyed == 0 and not self._starting():
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the pools did not settle within {SETTLE_SECONDS:g} s")
+            await asyncio.sleep(0.05)
 
     async def learner(self, name: str) -> None:
         url = f"{self.controller.url}/v1/pools/{bench.NAMESPACE}/{name}/claims"
@@ -162,32 +192,38 @@ class Day:
         async with self.http.delete(f"{self.controller.url}/v1/runners/{body['runnerId']}") as r:
             await r.read()
 
+    async def learners(self) -> None:
+        """One learner claims from every pool at once."""
+        order = self.order.sample(POOLS, len(POOLS))
+        await asyncio.gather(*(self.learner(name) for name in order))
+
     async def quiet(self, minutes: int) -> None:
-        """Step through quiet minutes: a claim on each pool every few minutes, both clocks
-        jump a minute, a pass runs."""
+        """Step through quiet minutes: a claim on each pool every few minutes, the pools
+        settle, both clocks jump a minute."""
         for minute in range(minutes):
             if minute % QUIET_CLAIM_EVERY_MINUTES == 0:
-                await asyncio.gather(*(self.learner(name) for name in POOLS))
-                await self.settle()
+                await self.learners()
+            await self.settle()
+            self.note_target()
             self.tally.add_idle(self.idle(), 60)
             await self.sim.act("advance_clock", seconds=60)
             self.clock.advance(60)
-            await self.settle()
-            self.note_target()
+        await self.settle()
 
-    async def burst(self, rng: random.Random) -> None:
-        arrivals = sorted(rng.uniform(0, BURST_SECONDS) for _ in range(BURST_CLAIMS))
-        await self.set_oracle(oracle_burst_idle())
-        await asyncio.sleep(ORACLE_LEAD_SECONDS / self.clock.speed)
-        start = self.clock.seconds()
-
-        async def arrive(at: float) -> None:
-            await asyncio.sleep(max(0.0, start + at - self.clock.seconds()) / self.clock.speed)
-            await asyncio.gather(*(self.learner(name) for name in POOLS))
-
+    async def burst(self, arrivals: list[float]) -> None:
         sampling = asyncio.create_task(self.sample())
-        await asyncio.gather(*(arrive(at) for at in arrivals))
+        oracle_idle = oracle_burst_idle(self.day)
+        await self.set_oracle(oracle_idle)
+        await bench.wait_for(
+            lambda: self.idle()["oracle"] >= oracle_idle, SETTLE_SECONDS, "the oracle's buffer"
+        )
+        start = self.clock.seconds()
+        learners = []
+        for at in arrivals:
+            await asyncio.sleep(max(0.0, start + at - self.clock.seconds()) / self.clock.speed)
+            learners.append(asyncio.create_task(self.learners()))
         await self.set_oracle(FLOOR)
+        await asyncio.gather(*learners)
         sampling.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await sampling
@@ -235,38 +271,44 @@ async def day_controller(sim_url: str, clock: DayClock) -> AsyncIterator[tuple[C
 
 
 async def bench_demand(sizes: bench.Sizes, out: bench.Result, say: Callable[[str], None]) -> None:
-    speed = QUICK_SPEED if sizes is bench.QUICK else FULL_SPEED
-    say(f"demand: a class day ({BURST_CLAIMS} claims in {BURST_SECONDS:g} s, twice), {speed:g}x")
+    day = QUICK_DAY if sizes is bench.QUICK else FULL_DAY
+    say(
+        f"demand: a class day ({day.burst_claims} claims in {day.burst_seconds:g} s, twice), "
+        f"{day.speed:g}x"
+    )
     origin = time.time_ns()
-    clock = DayClock(origin, speed)
+    clock = DayClock(origin, day.speed)
     options = bench.SimOptions(
-        start_delay=START_SECONDS / speed, clock_speed=speed, clock_origin_ns=origin
+        start_delay=START_SECONDS / day.speed, clock_speed=day.speed, clock_origin_ns=origin
     )
     rng = random.Random(SEED)
+    bursts = [
+        sorted(rng.uniform(0, day.burst_seconds) for _ in range(day.burst_claims)) for _ in range(2)
+    ]
     async with (
         bench.simulator(options) as sim,
         day_controller(sim.url, clock) as (controller, pools),
     ):
-        day = Day(controller, sim, clock, pools)
+        replay = Day(day, controller, sim, clock, pools)
         try:
             await bench.wait_for(lambda: bench.all_full(controller.engine), 60, "the pools to fill")
-            before, between, after = QUIET_MINUTES
-            await day.quiet(before)
-            await day.burst(rng)
-            await day.quiet(between)
-            await day.burst(rng)
-            await day.quiet(after)
+            before, between, after = day.quiet_minutes
+            await replay.quiet(before)
+            await replay.burst(bursts[0])
+            await replay.quiet(between)
+            await replay.burst(bursts[1])
+            await replay.quiet(after)
         finally:
-            await day.close()
-    tally = day.tally
+            await replay.close()
+    tally = replay.tally
     for name in POOLS:
         out[f"demand.instant_claims.{name}"] = round(tally.instant[name] / tally.claims[name], 4)
         out[f"demand.idle_runner_minutes.{name}"] = round(tally.idle_minutes[name], 1)
         out[f"demand.failed_claims.{name}"] = float(tally.failed[name])
     out["demand.claims_per_pool"] = float(tally.claims["demand"])
     out["demand.peak_target"] = float(tally.peak_target)
-    out["demand.oracle_burst_idle"] = float(oracle_burst_idle())
+    out["demand.oracle_burst_idle"] = float(oracle_burst_idle(day))
     out["demand.idle_runner_minutes_ratio"] = round(
         tally.idle_minutes["demand"] / tally.idle_minutes["oracle"], 3
     )
-    out["demand.speed"] = speed
+    out["demand.speed"] = day.speed

@@ -15,8 +15,9 @@ from datetime import timedelta
 from typing import Any
 
 from controller.core.claims import ClaimState
-from controller.core.demand import TargetReason
+from controller.core.demand import ITEM_REGISTERED_AT, ITEM_STARTED_AT, TargetReason
 from controller.core.status import count
+from controller.core.times import parse_time
 from controller.engine.registry import PoolView
 from controller.standalone import Controller
 from tests.integration.conftest import FakeClock, Harness, write_pools
@@ -96,6 +97,51 @@ async def test_a_burst_raises_the_target_and_refills_ahead_of_demand(harness: Ha
     assert status["demand"]["claimsPerMinute"] > 0
     metrics = controller.engine.metrics.exposition().decode()
     assert f'poolkeeper_desired_idle_runners{{pool="default/py"}} {float(idle)}' in metrics
+
+
+async def test_a_claim_that_waits_counts_before_it_is_answered(harness: Harness, tmp_path):
+    clock = FakeClock()
+    controller = await harness.start(write_pools(tmp_path / "p.yaml", demand_pool()), clock=clock)
+    await harness.settled(controller)
+    view = controller.engine.pools["default/py"]
+    harness.sim.set_start_delay(1.5)  # long enough to see the request wait
+    assert len(await claim_many(harness, controller, 2)) == 2  # the two idle runners
+    # Two claims per 5 s cover time: ceil(2 + sqrt 2)
+    await wait_until(target_at_least(view, 4), what="the target to follow the claims")
+
+    waiting = asyncio.ensure_future(
+        harness.api(controller, "POST", "/v1/pools/default/py/claims", LONG_CLAIM)
+    )
+    # Not answered yet, so not in Nomad, but an arrival all the same (three per cover
+    # time: ceil(3 + sqrt 3)) that wants a runner of its own.
+    await wait_until(target_at_least(view, 5 + 1), what="the waiting claim to count")
+    assert not waiting.done()
+    assert len(view.waiting.arrivals) == 1
+    status, body = await waiting
+    assert status == 201, body
+    assert view.waiting.arrivals == []
+    harness.sim.set_start_delay(0.05)
+    await harness.settled(controller)
+
+
+async def test_a_claim_records_its_runners_start_and_its_tombstone_keeps_it(
+    harness: Harness, tmp_path
+):
+    documents = (demand_pool(), pool_doc("fixed", idle=1, maxRunners=5))
+    controller = await harness.start(write_pools(tmp_path / "p.yaml", *documents))
+    await harness.settled(controller)
+    (runner_id,) = await claim_many(harness, controller, 1)
+    _, fixed = await harness.api(controller, "POST", "/v1/pools/default/fixed/claims", {})
+    status, _ = await harness.api(controller, "DELETE", f"/v1/runners/{runner_id}")
+    assert status == 204
+    await harness.settled(controller)
+    assert runner_id not in {job["ID"] for job in harness.sim.job_list("default")}
+    variables = harness.sim.variables("default")
+    items = variables[f"poolkeeper/claims/{runner_id}"]["Items"]
+    assert items["state"] == ClaimState.RELEASED
+    assert parse_time(items[ITEM_REGISTERED_AT]) < parse_time(items[ITEM_STARTED_AT])
+    # Only pools with spec.demand measure starts.
+    assert ITEM_STARTED_AT not in variables[f"poolkeeper/claims/{fixed['runnerId']}"]["Items"]
 
 
 async def test_after_a_burst_the_buffer_shrinks_no_faster_than_allowed_and_loses_no_claim(
@@ -191,6 +237,7 @@ async def test_a_restarted_controller_keeps_the_estimate(harness: Harness, tmp_p
     assert after.idle_runners == before.idle_runners
     assert after.reason is TargetReason.DEMAND
     assert after.claims_per_minute == before.claims_per_minute
+    assert after.start_seconds_p90 == before.start_seconds_p90
     # And it goes on shrinking at the pace, from the buffer the pool holds.
     clock.advance(60)
     await second.engine.reconcile_namespace("default")

@@ -15,9 +15,12 @@ from hypothesis import strategies as st
 
 from controller.core.claims import ClaimRecord, ClaimState
 from controller.core.demand import (
+    ITEM_REGISTERED_AT,
+    ITEM_STARTED_AT,
     IdleTarget,
     Measured,
     Pacing,
+    StartSample,
     TargetReason,
     claims_per_second,
     client_claim_times,
@@ -25,6 +28,9 @@ from controller.core.demand import (
     idle_target,
     measure,
     paced,
+    recorded_start,
+    runner_start,
+    start_items,
     start_seconds_p90,
 )
 from controller.core.schedule import ScheduleWindow, schedule_floor
@@ -39,7 +45,12 @@ def ago(seconds: float) -> datetime:
 
 
 def claim(
-    runner: int, claimed_at: datetime, *, timeout: int = 300, state: ClaimState = ClaimState.CLAIMED
+    runner: int,
+    claimed_at: datetime,
+    *,
+    timeout: int = 300,
+    state: ClaimState = ClaimState.CLAIMED,
+    extra: dict[str, str] | None = None,
 ) -> ClaimRecord:
     return ClaimRecord(
         runner_id=f"py-{runner:012x}",
@@ -52,6 +63,7 @@ def claim(
         expires_at=claimed_at + timedelta(seconds=timeout),
         inactivity_timeout_seconds=timeout,
         state=state,
+        extra=extra or {},
     )
 
 
@@ -145,7 +157,7 @@ def test_start_p90_is_registration_to_first_running_task_of_the_newest_runners()
         j.id: (alloc(i, ago(1000 - i) + timedelta(seconds=i)),) for i, j in enumerate(jobs, 1)
     }
     allocations[jobs[-1].id] += (alloc(10, NOW, name="b"),)
-    assert start_seconds_p90(jobs, allocations) == pytest.approx(9.0)
+    assert start_seconds_p90(jobs, allocations, ()) == pytest.approx(9.0)
 
 
 def test_start_p90_ignores_runners_that_never_ran_and_keeps_the_newest_hundred() -> None:
@@ -155,9 +167,47 @@ def test_start_p90_ignores_runners_that_never_ran_and_keeps_the_newest_hundred()
     allocations |= {j.id: (alloc(int(j.id[3:], 16), ago(98)),) for j in new}  # 2 s
     never = job(999, ago(50))
     allocations[never.id] = (alloc(999, None),)
-    assert start_seconds_p90([*old, *new, never], allocations) == pytest.approx(2.0)
-    assert start_seconds_p90([never], allocations) is None
-    assert start_seconds_p90([], {}) is None
+    assert start_seconds_p90([*old, *new, never], allocations, ()) == pytest.approx(2.0)
+    assert start_seconds_p90([never], allocations, ()) is None
+    assert start_seconds_p90([], {}, ()) is None
+
+
+def started_claim(runner: int, registered: datetime, seconds: float) -> ClaimRecord:
+    """A tombstone of a runner that is gone, with the start its claim recorded."""
+    sample = StartSample(to_ns(registered), seconds)
+    return claim(runner, registered, state=ClaimState.RELEASED, extra=start_items(sample))
+
+
+def test_a_start_recorded_in_a_claim_survives_its_runner() -> None:
+    sample = StartSample(to_ns(ago(100)), 2.5)
+    items = start_items(sample)
+    assert items == {
+        ITEM_REGISTERED_AT: "2026-01-14T07:48:20Z",
+        ITEM_STARTED_AT: "2026-01-14T07:48:22.5Z",
+    }
+    assert recorded_start(claim(1, ago(90), extra=items)) == sample
+    # A job still there counts once, by its own times; gone runners by their claims.
+    there = job(1, ago(100))
+    allocations = {there.id: (alloc(1, ago(100) + timedelta(seconds=4)),)}
+    claims = [started_claim(1, ago(100), 9.0), *(started_claim(i, ago(50), 2.0) for i in (2, 3))]
+    assert runner_start(there, allocations[there.id]) == StartSample(to_ns(ago(100)), 4.0)
+    assert start_seconds_p90([there], allocations, claims) == pytest.approx(4.0)
+    assert start_seconds_p90([], {}, claims) == pytest.approx(9.0)
+
+
+@pytest.mark.parametrize(
+    "items",
+    [
+        {},  # written by an older version, or by a pool without spec.demand
+        {ITEM_REGISTERED_AT: "2026-01-14T07:48:20Z"},
+        {ITEM_REGISTERED_AT: "yesterday", ITEM_STARTED_AT: "2026-01-14T07:48:22Z"},
+        # started before it was registered: no sample
+        {ITEM_REGISTERED_AT: "2026-01-14T07:48:20Z", ITEM_STARTED_AT: "2026-01-14T07:48:19Z"},
+    ],
+)
+def test_a_claim_without_a_readable_start_gives_no_sample(items: dict[str, str]) -> None:
+    assert recorded_start(claim(1, ago(90), extra=items)) is None
+    assert start_seconds_p90([], {}, [claim(1, ago(90), extra=items)]) is None
 
 
 @pytest.mark.parametrize(
@@ -178,10 +228,41 @@ def test_cover_time(cover_seconds: int | None, p90: float | None, runners: int) 
     jobs, allocations = ([job(1, ago(100))], {})
     if p90 is not None:
         allocations = {jobs[0].id: (alloc(1, ago(100) + timedelta(seconds=p90)),)}
-    measured = measure(demand, claims, jobs, allocations, NOW)
+    measured = measure(demand, claims, jobs, allocations, (), NOW)
     assert measured.demand == runners
     assert measured.start_seconds_p90 == p90
     assert measured.claims_per_minute == pytest.approx(60.0, rel=1e-3)
+
+
+# ---- claim requests waiting now ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("claims_ago", "waiting_ago", "cover_seconds", "rate", "runners"),
+    [
+        # nothing waits: the claims alone (5 in the last 5 s: ceil(5 + sqrt 5) = 8)
+        ([0.5, 1.5, 2.5, 3.5, 4.5], [], 5, 1.0, 8),
+        # the first seconds of a burst: 5 answered, 4 waiting. They arrived, so the rate
+        # is 9 per cover time, and each wants a runner of its own: ceil(9 + 3) + 4
+        ([2.5, 3.0, 3.5, 4.0, 4.5], [0.2, 0.5, 1.0, 2.0], 5, 9 / 5, 16),
+        # a batch of 3 waits as 3 arrivals at one moment: ceil(3 + sqrt 3) + 3
+        ([], [1.0, 1.0, 1.0], 5, 3 / 5, 8),
+        # no cover time yet: no estimate, but the waiting requests still want runners
+        ([1.0], [0.5, 0.5], None, 3 / 60, 2),
+    ],
+)
+def test_waiting_requests_are_arrivals_and_each_wants_a_runner(
+    claims_ago: list[float],
+    waiting_ago: list[float],
+    cover_seconds: int | None,
+    rate: float,
+    runners: int,
+) -> None:
+    demand = DemandPolicy(window_seconds=60, cover_seconds=cover_seconds)
+    claims = [claim(i, ago(s)) for i, s in enumerate(claims_ago)]
+    measured = measure(demand, claims, [], {}, [ago(s) for s in waiting_ago], NOW)
+    assert measured.claims_per_minute == pytest.approx(rate * 60)
+    assert measured.demand == runners
 
 
 @pytest.mark.parametrize(
@@ -349,6 +430,7 @@ def policies(draw: st.DrawFn) -> PoolPolicy:
     ),
     st.integers(0, 500),
     st.integers(0, 366 * 24 * 60),
+    st.lists(st.floats(0, 30), max_size=300),
 )
 def test_target_stays_between_the_open_floor_and_the_caps(
     pol: PoolPolicy,
@@ -357,6 +439,7 @@ def test_target_stays_between_the_open_floor_and_the_caps(
     previous: Pacing | None,
     buffer: int,
     minutes: int,
+    waiting_ago: list[float],
 ) -> None:
     now = NOW + timedelta(minutes=minutes)
     if previous is not None:
@@ -369,7 +452,8 @@ def test_target_stays_between_the_open_floor_and_the_caps(
         if p90 is not None:
             allocations = {jobs[0].id: (alloc(1, submitted + timedelta(seconds=p90)),)}
         claims = [claim(i, now - timedelta(seconds=s)) for i, s in enumerate(claims_ago)]
-        measured = measure(pol.demand, claims, jobs, allocations, now)
+        waiting = [now - timedelta(seconds=s) for s in waiting_ago]
+        measured = measure(pol.demand, claims, jobs, allocations, waiting, now)
     target, _ = idle_target(pol, measured, previous, buffer, now)
     assert target.idle_runners <= pol.max_runners
     if pol.demand is not None and pol.demand.max_idle_runners is not None:
