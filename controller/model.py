@@ -203,6 +203,41 @@ class ClaimsSpec(_Model):
         return self
 
 
+MIB: Final = 1024 * 1024
+# A path a shell can be given (PATH_MAX on Linux).
+MAX_PATH_LENGTH: Final = 4096
+
+
+class ExecutionsSpec(_Model):
+    """Executions and files in a claimed runner (docs/reference.md, "Executions")."""
+
+    default_time_limit_seconds: Seconds = 60
+    max_time_limit_seconds: Seconds = 3600
+    max_concurrent: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] = 8
+    # None: the runner task's own working directory (the image's WORKDIR).
+    working_dir: Annotated[StrictStr, Field(min_length=1, max_length=MAX_PATH_LENGTH)] | None = (
+        None
+    )
+    max_upload_bytes: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] = 64 * MIB
+    unprivileged_wrapper: list[StrictStr] = Field(default_factory=list)
+
+    @field_validator("unprivileged_wrapper")
+    @classmethod
+    def _wrapper_names_a_program(cls, value: list[str]) -> list[str]:
+        if value and not value[0]:
+            raise _invalid("the program (first element) must not be empty", "[0]")
+        return value
+
+    @model_validator(mode="after")
+    def _default_within_max(self) -> ExecutionsSpec:
+        if self.default_time_limit_seconds > self.max_time_limit_seconds:
+            raise _invalid(
+                f"must not be greater than maxTimeLimitSeconds ({self.max_time_limit_seconds})",
+                "defaultTimeLimitSeconds",
+            )
+        return self
+
+
 class RunnerSpec(_Model):
     image: Annotated[StrictStr, Field(min_length=1)]
     command: list[StrictStr] = Field(default_factory=lambda: ["sleep", "infinity"])
@@ -326,6 +361,7 @@ class RunnerPoolSpec(_Model):
     max_runners: Count = 100
     startup_timeout_seconds: Seconds = 120
     claims: ClaimsSpec = Field(default_factory=ClaimsSpec)
+    executions: ExecutionsSpec = Field(default_factory=ExecutionsSpec)
     runner: RunnerSpec
     nomad: NomadSpec = Field(default_factory=NomadSpec)
     deletion_policy: DeletionPolicy = DeletionPolicy.DRAIN
@@ -556,6 +592,7 @@ _MODELS: Final[tuple[type[BaseModel], ...]] = (
     ObjectMeta,
     RunnerPoolSpec,
     ClaimsSpec,
+    ExecutionsSpec,
     RunnerSpec,
     NomadSpec,
     DemandSpec,
