@@ -215,9 +215,7 @@ class ExecutionsSpec(_Model):
     max_time_limit_seconds: Seconds = 3600
     max_concurrent: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] = 8
     # None: the runner task's own working directory (the image's WORKDIR).
-    working_dir: Annotated[StrictStr, Field(min_length=1, max_length=MAX_PATH_LENGTH)] | None = (
-        None
-    )
+    working_dir: Annotated[StrictStr, Field(min_length=1, max_length=MAX_PATH_LENGTH)] | None = None
     max_upload_bytes: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] = 64 * MIB
     unprivileged_wrapper: list[StrictStr] = Field(default_factory=list)
 

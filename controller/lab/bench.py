@@ -54,10 +54,13 @@ from controller.core.status import count
 from controller.core.views import RunnerState
 from controller.engine.engine import Engine
 from controller.errors import EXIT_FAILURE, EXIT_OK
+from controller.executions.files import FileOperations
+from controller.executions.manager import ExecutionManager
 from controller.metrics import Metrics
 from controller.model import RunnerPool
 from controller.nomad.client import NomadClient
 from controller.nomad.config import NomadConfig
+from controller.nomad.exec import NomadExec
 from controller.standalone import Controller, Settings
 
 log = logging.getLogger(__name__)
@@ -372,11 +375,14 @@ class PassiveController:
     def __init__(self, sim_url: str, surge: int) -> None:
         self.requests: Counter[str] = Counter()
         self.metrics = Metrics()
-        self.client = NomadClient(
-            NomadConfig.from_env({"NOMAD_ADDR": sim_url}), on_request=self._count
-        )
+        config = NomadConfig.from_env({"NOMAD_ADDR": sim_url})
+        self.client = NomadClient(config, on_request=self._count)
         self.engine = Engine(self.client, self.metrics, resync_seconds=3600.0, surge=surge)
         self.claims = ClaimService(self.engine)
+        self.exec = NomadExec(config)
+        self.executions = ExecutionManager(
+            self.engine, self.claims, self.client, self.exec, self.metrics
+        )
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -387,7 +393,15 @@ class PassiveController:
     async def start(self, documents: list[dict[str, Any]]) -> None:
         for document in documents:
             self.engine.upsert_pool(RunnerPool.parse_document(document))
-        app = create_app(self.engine, self.metrics, TokenSet(None), self.engine.ready, self.claims)
+        app = create_app(
+            self.engine,
+            self.metrics,
+            TokenSet(None),
+            self.engine.ready,
+            self.claims,
+            self.executions,
+            FileOperations(self.executions.activity, self.exec, self.metrics),
+        )
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -398,6 +412,7 @@ class PassiveController:
         await self.claims.drain()
         if self._runner is not None:
             await self._runner.cleanup()
+        await self.exec.close()
         await self.client.close()
 
 

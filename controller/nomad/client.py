@@ -237,6 +237,15 @@ class NomadClient:
         params = {"namespace": namespace, "task_states": "true"}
         return await self._list("/v1/allocations", "/v1/allocations", params)
 
+    async def read_allocation(self, allocation_id: str, namespace: str) -> dict[str, Any] | None:
+        """One allocation with its task states and events, or None when it is gone."""
+        path = f"/v1/allocation/{allocation_id}"
+        try:
+            outcome = await self._call("GET", "/v1/allocation/:id", path, {"namespace": namespace})
+        except NomadNotFound:
+            return None
+        return dict(outcome.body)
+
     async def list_nodes(self) -> list[dict[str, Any]]:
         """The client nodes' stubs (drain and eligibility); consistent read."""
         return await self._list("/v1/nodes", "/v1/nodes", {})
