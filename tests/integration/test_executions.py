@@ -18,7 +18,7 @@ from tests.simulator.exec_support import alive
 from tests.support.documents import pool_doc
 from tests.support.waiting import wait_until
 
-from .conftest import Harness, write_pools
+from .conftest import FakeClock, Harness, write_pools
 from .executions_support import Runner, Stream, claimed_runner, gone, pids
 
 
@@ -297,3 +297,23 @@ async def test_a_running_execution_keeps_its_claim_alive(harness: Harness, tmp_p
         return status == 410 and body["error"]["reason"] == "Expired"
 
     await wait_until(expired, what="the idle claim to expire")
+
+
+async def test_the_engine_renews_instead_of_expiring_a_busy_claim(
+    harness: Harness, tmp_path: Path
+) -> None:
+    clock = FakeClock()
+    pools = write_pools(tmp_path / "pools.yaml", pool_doc("py", idle=1))
+    controller = await harness.start(pools, clock=clock)
+    runner = await claimed_runner(harness, controller)
+    stream = await runner.stream(command="echo up; sleep 60")
+    try:
+        await stream.output_until("up")
+        _, before = await runner.api("GET", "")
+        clock.advance(3600)  # far past the deadline, while the execution runs
+        await controller.engine.reconcile_namespace("default")
+        status, after = await runner.api("GET", "")
+        assert status == 200, after
+        assert after["expiresAt"] > before["expiresAt"]
+    finally:
+        await stream.close()
