@@ -65,16 +65,18 @@ async def stream_execution(request: web.Request) -> web.StreamResponse:
         request.match_info["runnerId"], request.match_info["executionId"]
     )
     frames = StreamFrames(ws)
+    # The exec opens while the upgrade completes: its output waits for the start frame.
+    running = asyncio.create_task(execution.run(frames))
     try:
         await ws.prepare(request)
-        await frames.send({"type": "start"})
     except BaseException:
-        execution.cancel()  # counted as started: end it, it has nothing to run for
-        await execution.run(frames)
+        execution.cancel()
+        await running
         raise
+    await frames.start()
     reading = asyncio.create_task(_client_frames(ws, execution))
     try:
-        outcome = await execution.run(frames)
+        outcome = await running
     finally:
         reading.cancel()
         await asyncio.gather(reading, return_exceptions=True)
@@ -92,10 +94,16 @@ class StreamFrames:
     def __init__(self, ws: web.WebSocketResponse) -> None:
         self.ws = ws
         self._text = {"stdout": TextStream(), "stderr": TextStream()}
+        self._started = asyncio.Event()
+
+    async def start(self) -> None:
+        await self.send({"type": "start"})
+        self._started.set()
 
     async def output(self, stream: str, data: bytes) -> None:
         text = self._text[stream].text(data)
         if text:
+            await self._started.wait()
             await self.send({"type": stream, "data": text})
 
     async def flush(self) -> None:

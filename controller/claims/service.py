@@ -492,14 +492,22 @@ class ClaimService:
             await self._end(record, ClaimState.EXPIRED)  # then read again: ours or another's
         raise _changing(runner_id)
 
-    async def renew(self, record: ClaimRecord) -> ClaimRecord:
-        """Move a live claim's deadline to now + its inactivity timeout (check-and-set on
-        `record`; a claim that changed meanwhile is read again). Raises like `live`."""
+    async def renew(self, record: ClaimRecord, *, past_deadline: bool = False) -> ClaimRecord:
+        """Move a claim's deadline to now + its inactivity timeout (check-and-set on
+        `record`; a claim that changed meanwhile is read again). A claim past its deadline
+        becomes an `expired` tombstone (410) unless `past_deadline`: activity of this
+        process (a running execution) kept it alive, and only a tombstone ends it."""
         for _ in range(CAS_ATTEMPTS):
-            stored = await self._cas(record.kept_alive(self.engine.clock()), record.modify_index)
+            if record.is_tombstone:
+                raise gone(record)
+            now = self.engine.clock()
+            if record.is_expired(now) and not past_deadline:
+                record = await self.live(record.runner_id)  # expires it, or finds it renewed
+                continue
+            stored = await self._cas(record.kept_alive(now), record.modify_index)
             if stored is not None:
                 return stored
-            record = await self.live(record.runner_id)
+            _, record = await self._read_claim(record.runner_id)
         raise _changing(record.runner_id)
 
     async def release(self, runner_id: str) -> None:

@@ -38,6 +38,7 @@ from controller.nomad.jobs import TASK_NAME
 log = logging.getLogger(__name__)
 
 COALESCE_SECONDS = 1.0
+PRUNE_SECONDS = 60.0
 # A container killed for its memory ends the exec before Nomad's server hears of it:
 # the claim and the allocation are looked at again after these pauses (seconds).
 LOSS_CHECK_PAUSES = (0.0, 0.3, 0.7)
@@ -71,6 +72,15 @@ class Target:
         return pool.spec.executions if pool is not None else ExecutionsSpec()
 
 
+@dataclass
+class _Recent:
+    """What this process last knew of a runner's claim, when it knew it."""
+
+    target: Target
+    seen: float  # time.monotonic() when a read or a write last showed it live
+    written: float | None = None  # ... when this process last moved its deadline
+
+
 @dataclass(eq=False)
 class _Busy:
     target: Target
@@ -89,7 +99,8 @@ class Activity:
         self.claims = claims
         self.engine = engine
         self.nomad = nomad
-        self._written: dict[str, float] = {}  # runner ID -> time.monotonic() of the last write
+        self._recent: dict[str, _Recent] = {}
+        self._pruned = time.monotonic()
         self._writing: dict[str, asyncio.Future[ClaimRecord]] = {}
         self._busy: dict[str, _Busy] = {}
         self._background: set[asyncio.Task[None]] = set()
@@ -105,44 +116,70 @@ class Activity:
         return view.pool.spec.executions
 
     async def live(self, runner_id: str) -> Target:
-        """The runner's live claim as Nomad holds it (404/410 as the runner routes
-        answer)."""
+        """The runner's live claim (404/410 as the runner routes answer): as Nomad holds
+        it, or as this process saw it live within the last second and still before its
+        deadline (a claim this process ends is forgotten at once)."""
+        now = time.monotonic()
+        recent = self._recent.get(runner_id)
+        if (
+            recent is not None
+            and now - recent.seen < COALESCE_SECONDS
+            and not recent.target.record.is_expired(self.engine.clock())
+        ):
+            return recent.target
         record = await self.claims.live(runner_id)
         view = self.engine.pools.get(record.pool)
         if view is None:  # the pool went between the read and now
             raise ServiceError(ErrorCode.RUNNER_NOT_FOUND, f"runner {runner_id} is not claimed")
-        return Target(view, record)
+        target = Target(view, record)
+        self._remember(target, written=recent.written if recent is not None else None)
+        return target
 
     async def claimed(self, runner_id: str) -> Target:
         """`live`, with the claim's deadline moved: the request is activity."""
         target = await self.live(runner_id)
-        return Target(target.view, await self.touch(target.record))
+        return Target(target.view, await self.touch(target))
 
-    async def touch(self, record: ClaimRecord) -> ClaimRecord:
+    async def touch(self, target: Target) -> ClaimRecord:
         """Move the claim's deadline, unless this process did so within the last
         second (or is doing so now: then its write is shared)."""
-        runner_id = record.runner_id
+        runner_id = target.record.runner_id
         writing = self._writing.get(runner_id)
         if writing is not None:
             return await asyncio.shield(writing)
-        if time.monotonic() - self._written.get(runner_id, -COALESCE_SECONDS) < COALESCE_SECONDS:
-            return record
+        recent = self._recent.get(runner_id)
+        written = recent.written if recent is not None else None
+        if (
+            recent is not None
+            and written is not None
+            and time.monotonic() - written < COALESCE_SECONDS
+        ):
+            return recent.target.record
         future: asyncio.Future[ClaimRecord] = asyncio.get_running_loop().create_future()
         self._writing[runner_id] = future
         try:
-            stored = await self.claims.renew(record)
+            stored = await self.claims.renew(target.record)
         except BaseException as error:
             future.set_exception(error)
             future.exception()  # retrieved: a touch nobody shared is no unhandled error
             raise
         finally:
             del self._writing[runner_id]
-        self._written[runner_id] = time.monotonic()
+        self._remember(Target(target.view, stored), written=time.monotonic())
         future.set_result(stored)
         busy = self._busy.get(runner_id)
         if busy is not None:
             busy.record = stored
         return stored
+
+    def _remember(self, target: Target, written: float | None) -> None:
+        now = time.monotonic()
+        self._recent[target.record.runner_id] = _Recent(target, now, written)
+        if now - self._pruned > PRUNE_SECONDS:  # forget runners not seen for a while
+            self._pruned = now
+            for runner_id, recent in list(self._recent.items()):
+                if now - max(recent.seen, recent.written or 0) > COALESCE_SECONDS:
+                    del self._recent[runner_id]
 
     # ---- busy runners ---------------------------------------------------------------------
 
@@ -173,7 +210,7 @@ class Activity:
         del self._busy[runner_id]
         if busy.keeper is not None:
             busy.keeper.cancel()
-        self._in_background(self._last_touch(busy.record))
+        self._in_background(self._last_touch(Target(busy.target.view, busy.record)))
 
     def stop_all(self, runner_id: str, message: str) -> None:
         busy = self._busy.get(runner_id)
@@ -212,7 +249,7 @@ class Activity:
         await asyncio.gather(*self._background, return_exceptions=True)
 
     def _claim_ended(self, runner_id: str, state: ClaimState) -> None:
-        self._written.pop(runner_id, None)
+        self._recent.pop(runner_id, None)
         self.stop_all(runner_id, ENDED_MESSAGES[state])
 
     async def _keep(self, busy: _Busy) -> None:
@@ -231,7 +268,7 @@ class Activity:
             if not expired and left > timeout / 2:
                 continue
             try:
-                busy.record = await self.claims.renew(busy.record)
+                busy.record = await self.claims.renew(busy.record, past_deadline=True)
             except ServiceError as error:
                 if error.code is ErrorCode.RUNNER_GONE:
                     self.stop_all(runner_id, ended_message(error))
@@ -239,7 +276,7 @@ class Activity:
                 log.warning("could not renew the claim of busy runner %s: %s", runner_id, error)
                 await asyncio.sleep(RETRY_SECONDS)
             else:
-                self._written[runner_id] = time.monotonic()
+                self._remember(Target(busy.target.view, busy.record), written=time.monotonic())
 
     def _observed_end(self, busy: _Busy) -> tuple[str | None, bool]:
         """What the pool's latest observation says of the runner: the message its
@@ -258,11 +295,13 @@ class Activity:
             return f"runner lost: {runner.reason}", False
         return None, runner.state is RunnerState.EXPIRED
 
-    async def _last_touch(self, record: ClaimRecord) -> None:
+    async def _last_touch(self, target: Target) -> None:
         try:
-            await self.touch(record)
+            await self.touch(target)
         except ServiceError as error:
-            log.info("claim of %s not moved after its executions: %s", record.runner_id, error)
+            log.info(
+                "claim of %s not moved after its executions: %s", target.record.runner_id, error
+            )
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)

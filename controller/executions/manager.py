@@ -163,7 +163,7 @@ class Execution:
         if self._halted.done():  # stopped before it started
             return self._outcome_of_halt()
         try:
-            await manager.activity.touch(target.record)  # starting is activity
+            await manager.activity.touch(target)  # starting is activity
             async with manager.exec.session(
                 target.record.allocation_id,
                 TASK_NAME,
@@ -299,7 +299,7 @@ class ExecutionManager:
     async def create(self, runner_id: str, request: ExecutionRequest) -> str:
         """A streamed execution, run when its socket opens; its ID."""
         check = self._checked(runner_id, request)
-        target = await self.activity.claimed(runner_id)
+        target = await self.activity.live(runner_id)  # it starts, and is activity, later
         prepared = self._prepare(target, request, check)
         expiry = asyncio.get_running_loop().call_later(
             CONNECT_WITHIN_SECONDS, self._pending.pop, prepared.id, None

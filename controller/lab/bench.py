@@ -16,7 +16,9 @@ child process, as real clients are other processes. Sections:
    run as fast as they can;
 5. convergence after a node holding ~30% of the runners goes down;
 6. demand: a class day replayed with a fixed pool, a demand-sized one and an oracle
-   (bench_demand.py).
+   (bench_demand.py);
+7. executions and files: first byte, waited executions and uploads through poolkeeper,
+   each against the same through a bare exec (bench_exec.py).
 
 The JSON is one flat object of dotted keys with numeric values.
 """
@@ -174,6 +176,7 @@ class SimOptions:
     # The simulator's reported time, sped up from an origin (bench_demand.py).
     clock_speed: float = 1.0
     clock_origin_ns: int = 0
+    exec_mode: str = "none"  # "local": execs run as real processes (bench_exec.py)
 
 
 def _sim_child(conn: Connection, options: SimOptions) -> None:
@@ -196,6 +199,7 @@ async def _sim_serve(conn: Connection, options: SimOptions) -> None:
         node_memory_mb=100_000_000,
         algorithm=options.algorithm,
         event_buffer_size=10_000,
+        exec_mode=options.exec_mode,
     )
     server = await start_sim(sim)
     conn.send(server.url)
@@ -886,6 +890,9 @@ REQUIRED_KEYS = (
     "demand.instant_claims.demand",
     "demand.instant_claims.oracle",
     "demand.idle_runner_minutes_ratio",
+    "exec.first_byte_ratio",
+    "exec.waited_p99_ms",
+    "files.upload_mb_per_s_ratio",
 )
 
 # (key, goal text, check) for the table's goal column.
@@ -898,11 +905,14 @@ GOALS: tuple[tuple[str, str, Callable[[float], bool]], ...] = (
     ("reconcile.floor_ratio", "<= 1.5", lambda v: v <= 1.5),
     ("demand.instant_claims.demand", ">= 0.95", lambda v: v >= 0.95),
     ("demand.idle_runner_minutes_ratio", "<= 1.5", lambda v: v <= 1.5),
+    ("exec.first_byte_ratio", "<= 1.3", lambda v: v <= 1.3),
+    ("files.upload_mb_per_s_ratio", ">= 0.8", lambda v: v >= 0.8),
 )
 
 
 async def run_all(sizes: Sizes, say: Callable[[str], None]) -> Result:
-    from controller.lab.bench_demand import bench_demand  # it builds on this module
+    from controller.lab.bench_demand import bench_demand  # they build on this module
+    from controller.lab.bench_exec import bench_exec
 
     out: Result = {"bench.quick": 1.0 if sizes is QUICK else 0.0}
     started = time.perf_counter()
@@ -913,6 +923,7 @@ async def run_all(sizes: Sizes, say: Callable[[str], None]) -> Result:
         bench_churn,
         bench_node_loss,
         bench_demand,
+        bench_exec,
     ]
     for section in sections:
         await section(sizes, out, say)

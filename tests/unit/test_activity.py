@@ -16,7 +16,7 @@ from controller.core.plan import Destroy, DestroyReason, Plan
 from controller.core.views import PoolPolicy
 from controller.engine.apply import Applier
 from controller.engine.registry import ManagedPool
-from controller.executions.activity import Activity
+from controller.executions.activity import Activity, Target
 from controller.metrics import Metrics
 from tests.unit.test_engine_property import POOL, PREFIX, Nomad
 
@@ -65,7 +65,7 @@ class Claims:
         self.gate = asyncio.Event()
         self.gate.set()
 
-    async def renew(self, record: ClaimRecord) -> ClaimRecord:
+    async def renew(self, record: ClaimRecord, *, past_deadline: bool = False) -> ClaimRecord:
         self.renewals += 1
         await self.gate.wait()
         return record
@@ -80,15 +80,15 @@ async def test_touches_within_a_second_share_one_write(monkeypatch: pytest.Monke
     claims, now = Claims(), [100.0]
     monkeypatch.setattr(time, "monotonic", lambda: now[0])
     activity = Activity(claims, Engine(), nomad=None)  # type: ignore[arg-type]
-    record = await written_claim(Nomad())
-    await activity.touch(record)
-    await activity.touch(record)
+    target = Target(view=None, record=await written_claim(Nomad()))  # type: ignore[arg-type]
+    await activity.touch(target)
+    await activity.touch(target)
     now[0] += 0.9
-    await activity.touch(record)
+    await activity.touch(target)
     assert claims.renewals == 1
     now[0] += 0.2
     claims.gate.clear()  # the next write takes a while: touches meanwhile share it
-    touches = [asyncio.create_task(activity.touch(record)) for _ in range(5)]
+    touches = [asyncio.create_task(activity.touch(target)) for _ in range(5)]
     await asyncio.sleep(0)
     claims.gate.set()
     await asyncio.gather(*touches)
