@@ -16,8 +16,8 @@ from controller.api.access_log import access_log
 from controller.api.auth import Handler, TokenSet, auth_middleware
 from controller.api.execution_routes import EXECUTIONS_KEY, FILES_KEY
 from controller.api.openapi import document
+from controller.api.route import CLAIMS_KEY
 from controller.api.routes import (
-    CLAIMS_KEY,
     ENGINE_KEY,
     METRICS_KEY,
     OPENAPI_KEY,

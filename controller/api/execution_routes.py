@@ -25,7 +25,7 @@ from controller.api.models import (
     FileList,
     FilesBody,
 )
-from controller.api.route import NOT_CLAIMED, RUNNER_GONE, Route
+from controller.api.route import NOT_CLAIMED, RUNNER_GONE, Route, runner_in_scope
 from controller.errors import ErrorCode, ServiceError
 from controller.executions.archives import Spool
 from controller.executions.commands import TextStream
@@ -46,8 +46,8 @@ CLIENT_FRAME_LIMIT = 1024 * 1024  # bytes of one stdin frame
 
 
 async def create_execution(request: web.Request) -> web.Response:
+    runner_id = runner_in_scope(request)
     body = await read_body(request, ExecutionBody)
-    runner_id = request.match_info["runnerId"]
     manager = request.app[EXECUTIONS_KEY]
     if body.wait:
         return web.json_response(await manager.run_waited(runner_id, body.to_request()))
@@ -148,7 +148,7 @@ async def _client_frames(ws: web.WebSocketResponse, execution: Execution) -> Non
 
 
 async def put_files(request: web.Request) -> web.Response:
-    runner_id = request.match_info["runnerId"]
+    runner_id = runner_in_scope(request)
     files = request.app[FILES_KEY]
     await files.activity.live(runner_id)  # 404/410 before a large body is taken in
     limit = files.activity.spec(runner_id).max_upload_bytes
@@ -173,21 +173,22 @@ async def put_files(request: web.Request) -> web.Response:
 
 
 async def list_files(request: web.Request) -> web.Response:
+    runner_id = runner_in_scope(request)
     recursive = request.query.get("recursive", "true")
     if recursive not in ("true", "false"):
         raise ServiceError(ErrorCode.INVALID_REQUEST, "recursive: must be true or false")
     files = await request.app[FILES_KEY].listing(
-        request.match_info["runnerId"], request.query.get("path"), recursive == "true"
+        runner_id, request.query.get("path"), recursive == "true"
     )
     return web.json_response({"files": files})
 
 
 async def download_file(request: web.Request) -> web.StreamResponse:
+    runner_id = runner_in_scope(request)
     path = request.query.get("path")
     if path is None:
         raise ServiceError(ErrorCode.INVALID_REQUEST, "path: required")
-    files = request.app[FILES_KEY]
-    async with files.download(request.match_info["runnerId"], path) as download:
+    async with request.app[FILES_KEY].download(runner_id, path) as download:
         response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
         response.content_length = download.size
         await response.prepare(request)

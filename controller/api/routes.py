@@ -19,13 +19,11 @@ from controller.api.models import (
     PoolList,
     PoolsClaimBody,
 )
-from controller.api.route import NOT_CLAIMED, RUNNER_GONE, Route
-from controller.claims.service import ClaimService
+from controller.api.route import CLAIMS_KEY, NOT_CLAIMED, RUNNER_GONE, Route, runner_in_scope
 from controller.engine.engine import Engine
 from controller.metrics import Metrics
 
 ENGINE_KEY: web.AppKey[Engine] = web.AppKey("engine", Engine)
-CLAIMS_KEY: web.AppKey[ClaimService] = web.AppKey("claims", ClaimService)
 METRICS_KEY: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
 READY_KEY: web.AppKey[Callable[[], list[str]]] = web.AppKey("ready")
 OPENAPI_KEY: web.AppKey[dict[str, Any]] = web.AppKey("openapi")
@@ -38,13 +36,6 @@ def pool_in_scope(request: web.Request) -> tuple[str, str]:
     namespace, name = request.match_info["namespace"], request.match_info["name"]
     scope(request).require(f"{namespace}/{name}")
     return namespace, name
-
-
-def runner_in_scope(request: web.Request) -> str:
-    """The route's runner, whose pool the request's token must cover (403 otherwise)."""
-    runner_id = request.match_info["runnerId"]
-    scope(request).require(request.app[CLAIMS_KEY].pool_of_runner(runner_id).key)
-    return runner_id
 
 
 async def claim(request: web.Request) -> web.Response:
