@@ -263,9 +263,7 @@ class ExecutionManager:
         exec_client: NomadExec,
         metrics: Metrics,
     ) -> None:
-        self.engine = engine
         self.claims = claims
-        self.nomad = nomad
         self.exec = exec_client
         self.metrics = metrics
         self.activity = Activity(claims, engine, nomad)
