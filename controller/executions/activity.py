@@ -45,10 +45,11 @@ LOSS_CHECK_PAUSES = (0.0, 0.3, 0.7)
 # A renewal that failed (Nomad unavailable) is tried again this soon.
 RETRY_SECONDS = 1.0
 
+LOST = "runner lost: "
 ENDED_MESSAGES = {
     ClaimState.RELEASED: "runner released",
     ClaimState.EXPIRED: "runner expired",
-    ClaimState.LOST: "runner lost: its allocation was lost, replaced or restarted",
+    ClaimState.LOST: LOST + "its allocation was lost, replaced or restarted",
     ClaimState.RETIRED: "runner retired",
 }
 _MESSAGE_OF_REASON = {GONE_REASONS[state]: text for state, text in ENDED_MESSAGES.items()}
@@ -262,6 +263,8 @@ class Activity:
             await self.engine.wait_for_observation(busy.target.view.key, left - timeout / 2)
             message, expired = self._observed_end(busy)
             if message is not None:
+                if message.startswith(LOST):  # the allocation says more: OOM killed, stopped
+                    message = await self._loss(busy.record) or message
                 self.stop_all(runner_id, message)
                 return
             left = (busy.record.expires_at - self.engine.clock()).total_seconds()
@@ -288,11 +291,11 @@ class Activity:
         runner_id = busy.record.runner_id
         runner = next((r for r in view.runners if r.id == runner_id), None)
         if runner is None:
-            return "runner lost: its job is gone", False
+            return LOST + "its job is gone", False
         if runner.claim is not None and runner.claim.is_tombstone:
             return ENDED_MESSAGES[runner.claim.state], False
         if runner.state is RunnerState.LOST:
-            return f"runner lost: {runner.reason}", False
+            return LOST + runner.reason, False
         return None, runner.state is RunnerState.EXPIRED
 
     async def _last_touch(self, target: Target) -> None:
@@ -313,15 +316,15 @@ def loss_reason(allocation: Mapping[str, Any] | None, claim: ClaimRecord) -> str
     """Why the claimed allocation cannot run the runner's executions any more, from the
     allocation as Nomad holds it; None while it runs as claimed."""
     if allocation is None:
-        return f"runner lost: allocation {claim.allocation_id} is gone"
+        return f"{LOST}allocation {claim.allocation_id} is gone"
     view = AllocationView.from_stub(allocation)
     if not view.live:
-        return f"runner lost: allocation {claim.allocation_id} is {view.client_status}"
+        return f"{LOST}allocation {claim.allocation_id} is {view.client_status}"
     if claim.allocation_restarts is None or view.restarts <= claim.allocation_restarts:
         return None
     if _oom_killed(allocation):
-        return "runner lost: the allocation was OOM killed"
-    return f"runner lost: allocation {claim.allocation_id} restarted its task"
+        return LOST + "the allocation was OOM killed"
+    return f"{LOST}allocation {claim.allocation_id} restarted its task"
 
 
 def _oom_killed(allocation: Mapping[str, Any]) -> bool:
