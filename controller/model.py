@@ -34,6 +34,7 @@ from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -96,6 +97,16 @@ def _invalid(message: str, subpath: str = "") -> PydanticCustomError:
     """An error whose field path ends in ``subpath`` below where it was raised."""
     # Only ``{<context key>}`` is substituted, so other braces (regexes) stay as they are.
     return PydanticCustomError(_ERROR_TYPE, message, {_SUBPATH: subpath})
+
+
+def _names_a_program(value: list[str]) -> list[str]:
+    if value and not value[0]:
+        raise _invalid("the program (first element) must not be empty", "[0]")
+    return value
+
+
+# A program and its arguments; empty means none (the image's own entrypoint, no wrapper).
+Argv = Annotated[list[StrictStr], AfterValidator(_names_a_program)]
 
 
 class DeletionPolicy(StrEnum):
@@ -217,14 +228,7 @@ class ExecutionsSpec(_Model):
     # None: the runner task's own working directory (the image's WORKDIR).
     working_dir: Annotated[StrictStr, Field(min_length=1, max_length=MAX_PATH_LENGTH)] | None = None
     max_upload_bytes: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] = 64 * MIB
-    unprivileged_wrapper: list[StrictStr] = Field(default_factory=list)
-
-    @field_validator("unprivileged_wrapper")
-    @classmethod
-    def _wrapper_names_a_program(cls, value: list[str]) -> list[str]:
-        if value and not value[0]:
-            raise _invalid("the program (first element) must not be empty", "[0]")
-        return value
+    unprivileged_wrapper: Argv = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _default_within_max(self) -> ExecutionsSpec:
@@ -238,7 +242,7 @@ class ExecutionsSpec(_Model):
 
 class RunnerSpec(_Model):
     image: Annotated[StrictStr, Field(min_length=1)]
-    command: list[StrictStr] = Field(default_factory=lambda: ["sleep", "infinity"])
+    command: Argv = Field(default_factory=lambda: ["sleep", "infinity"])
     cpu: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] = 100
     memory_mb: Annotated[StrictInt, Field(ge=10, le=INT32_MAX, alias="memoryMB")] = 128
     memory_max_mb: Annotated[StrictInt | None, Field(ge=10, le=INT32_MAX, alias="memoryMaxMB")] = (
@@ -253,13 +257,6 @@ class RunnerSpec(_Model):
     def _image_not_blank(cls, value: str) -> str:
         if not value.strip():
             raise _invalid("must not be blank")
-        return value
-
-    @field_validator("command")
-    @classmethod
-    def _command_names_a_program(cls, value: list[str]) -> list[str]:
-        if value and not value[0]:
-            raise _invalid("the program (first element) must not be empty", "[0]")
         return value
 
     @field_validator("ports")

@@ -279,10 +279,9 @@ class Service:
         self.service_settings = settings
         self.nomad = nomad
         self.metrics = Metrics()
+        user_agent = f"poolkeeper/{__version__} ({self.identity()})"
         self.client = NomadClient(
-            nomad,
-            on_request=self.metrics.observe_nomad_request,
-            user_agent=f"poolkeeper/{__version__} ({self.identity()})",
+            nomad, on_request=self.metrics.observe_nomad_request, user_agent=user_agent
         )
         self.engine = Engine(
             self.client,
@@ -299,7 +298,9 @@ class Service:
             lease_ttl_seconds=settings.lease_ttl_seconds,
         )
         self.claims = ClaimService(self.engine)
-        self.exec = NomadExec(nomad, on_request=self.metrics.observe_nomad_request)
+        self.exec = NomadExec(
+            nomad, on_request=self.metrics.observe_nomad_request, user_agent=user_agent
+        )
         self.executions = ExecutionManager(
             self.engine, self.claims, self.client, self.exec, self.metrics
         )

@@ -33,7 +33,13 @@ from typing import Any
 
 import aiohttp
 
-from controller.nomad.client import OnRequest, Proxy, tls_connector
+from controller.nomad.client import (
+    DEFAULT_USER_AGENT,
+    OnRequest,
+    Proxy,
+    nomad_session,
+    report,
+)
 from controller.nomad.config import NomadConfig
 from controller.nomad.errors import NomadError, NomadUnavailable
 
@@ -166,8 +172,10 @@ class NomadExec:
         on_request: OnRequest | None = None,
         connect_timeout: float = 10.0,
         max_connections: int = EXEC_CONNECTIONS,
+        user_agent: str = DEFAULT_USER_AGENT,
     ) -> None:
         self._config = config
+        self._user_agent = user_agent
         self._on_request = on_request
         self._proxy = Proxy.for_address(config.address)
         self._timeout = aiohttp.ClientTimeout(
@@ -231,20 +239,12 @@ class NomadExec:
         return ws
 
     def _report(self, code: str) -> None:
-        if self._on_request is not None:
-            try:
-                self._on_request(ENDPOINT, code)
-            except Exception:  # a metrics hook must never fail an exec
-                log.exception("on_request hook failed")
+        report(self._on_request, ENDPOINT, code)
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
-            token = self._config.token
-            self._session = aiohttp.ClientSession(
-                self._config.address,
-                connector=tls_connector(self._config, self._max_connections),
-                headers={"X-Nomad-Token": token} if token else None,
-                timeout=self._timeout,
+            self._session = nomad_session(
+                self._config, self._max_connections, self._timeout, self._user_agent
             )
         return self._session
 

@@ -147,6 +147,7 @@ async def test_output_stdin_and_an_exit_code_of_0_left_out(agent, execs) -> None
     assert [o for o in outputs if o.stream == "stderr"] == [Output("stderr", b"err\n")]
     # The upgrade: the token in its header, the command as a JSON array, the task.
     assert fake.headers["X-Nomad-Token"] == TOKEN
+    assert fake.headers["User-Agent"].startswith("poolkeeper/")
     assert json.loads(fake.query["command"]) == ["/bin/sh", "-c", "cat"]
     assert (fake.query["task"], fake.query["tty"], fake.query["namespace"]) == (
         "runner",
