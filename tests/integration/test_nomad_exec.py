@@ -102,23 +102,28 @@ async def agent() -> AsyncIterator[Callable[..., Awaitable[Agent]]]:
         await runner.cleanup()
 
 
-@pytest.fixture
-async def execs() -> AsyncIterator[Callable[..., NomadExec]]:
-    made: list[NomadExec] = []
+class Execs:
+    """Exec clients of a test, and the requests their metrics hook was told of."""
 
-    def make(url: str, **config: Any) -> NomadExec:
+    def __init__(self) -> None:
+        self.made: list[NomadExec] = []
+        self.calls: list[tuple[str, str]] = []
+
+    def __call__(self, url: str, **config: Any) -> NomadExec:
         client = NomadExec(
             NomadConfig(address=url, token=TOKEN, **config),
-            on_request=lambda endpoint, code: calls.append((endpoint, code)),
+            on_request=lambda endpoint, code: self.calls.append((endpoint, code)),
             connect_timeout=5.0,
         )
-        made.append(client)
+        self.made.append(client)
         return client
 
-    calls: list[tuple[str, str]] = []
-    make.calls = calls  # type: ignore[attr-defined]
-    yield make
-    for client in made:
+
+@pytest.fixture
+async def execs() -> AsyncIterator[Execs]:
+    made = Execs()
+    yield made
+    for client in made.made:
         await client.close()
 
 
