@@ -49,6 +49,7 @@ CONNECT_WITHIN_SECONDS = 30.0
 KILL_GRACE_SECONDS = 3.0
 WAITED_OUTPUT_LIMIT = 1024 * 1024  # bytes per stream
 SIGKILL_EXIT = 128 + 9
+TERMINAL_SIZE = (24, 80)  # rows, columns: what a terminal opens with
 STOP_WAIT_SECONDS = 5.0
 
 
@@ -183,6 +184,8 @@ class Execution:
             return Outcome(Ending.ERROR, message=message)
 
     async def _drive(self, session: ExecSession, sink: OutputSink) -> Outcome:
+        if self.prepared.tty:  # a terminal of no size would have programs wrap at column 0
+            await session.resize(*TERMINAL_SIZE)
         marker = PidMarker()
         launched = asyncio.Event()
         opened = time.monotonic()

@@ -123,11 +123,12 @@ async def test_stderr_and_a_terminal(runner: Runner) -> None:
         assert stream.output("stderr") == "oops\n"
     finally:
         await stream.close()
-    stream = await runner.stream(command="read x; echo got $x", tty=True, stdin="hi\n")
+    command = "read x; echo got $x; stty size"
+    stream = await runner.stream(command=command, tty=True, stdin="hi\n")
     try:
         assert await stream.to_end() == {"type": "exit", "exitCode": 0}
-        # A terminal echoes the input and ends lines in CRLF.
-        assert stream.output() == "hi\r\ngot hi\r\n"
+        # A terminal echoes the input and ends lines in CRLF; it has a size.
+        assert stream.output() == "hi\r\ngot hi\r\n24 80\r\n"
     finally:
         await stream.close()
 
