@@ -72,6 +72,24 @@ class Metrics:
             ["pool"],
             registry=r,
         )
+        self.executions_total = Counter(
+            "poolkeeper_executions",
+            "Executions in claimed runners by pool and how they ended",
+            ["pool", "result"],
+            registry=r,
+        )
+        self.execution_duration = Histogram(
+            "poolkeeper_execution_duration_seconds",
+            "Duration of an execution, from its start to its end",
+            registry=r,
+            buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600),
+        )
+        self.file_requests_total = Counter(
+            "poolkeeper_file_requests",
+            "File requests on claimed runners by pool, operation and result",
+            ["pool", "op", "result"],
+            registry=r,
+        )
         self.event_stream_up = Gauge(
             "poolkeeper_event_stream_up",
             "1 while the Nomad event stream of a namespace is connected",

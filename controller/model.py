@@ -34,6 +34,7 @@ from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -96,6 +97,16 @@ def _invalid(message: str, subpath: str = "") -> PydanticCustomError:
     """An error whose field path ends in ``subpath`` below where it was raised."""
     # Only ``{<context key>}`` is substituted, so other braces (regexes) stay as they are.
     return PydanticCustomError(_ERROR_TYPE, message, {_SUBPATH: subpath})
+
+
+def _names_a_program(value: list[str]) -> list[str]:
+    if value and not value[0]:
+        raise _invalid("the program (first element) must not be empty", "[0]")
+    return value
+
+
+# A program and its arguments; empty means none (the image's own entrypoint, no wrapper).
+Argv = Annotated[list[StrictStr], AfterValidator(_names_a_program)]
 
 
 class DeletionPolicy(StrEnum):
@@ -203,9 +214,35 @@ class ClaimsSpec(_Model):
         return self
 
 
+MIB: Final = 1024 * 1024
+# A path a shell can be given (PATH_MAX on Linux).
+MAX_PATH_LENGTH: Final = 4096
+
+
+class ExecutionsSpec(_Model):
+    """Executions and files in a claimed runner (docs/reference.md, "Executions")."""
+
+    default_time_limit_seconds: Seconds = 60
+    max_time_limit_seconds: Seconds = 3600
+    max_concurrent: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] = 8
+    # None: the runner task's own working directory (the image's WORKDIR).
+    working_dir: Annotated[StrictStr, Field(min_length=1, max_length=MAX_PATH_LENGTH)] | None = None
+    max_upload_bytes: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] = 64 * MIB
+    unprivileged_wrapper: Argv = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _default_within_max(self) -> ExecutionsSpec:
+        if self.default_time_limit_seconds > self.max_time_limit_seconds:
+            raise _invalid(
+                f"must not be greater than maxTimeLimitSeconds ({self.max_time_limit_seconds})",
+                "defaultTimeLimitSeconds",
+            )
+        return self
+
+
 class RunnerSpec(_Model):
     image: Annotated[StrictStr, Field(min_length=1)]
-    command: list[StrictStr] = Field(default_factory=lambda: ["sleep", "infinity"])
+    command: Argv = Field(default_factory=lambda: ["sleep", "infinity"])
     cpu: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] = 100
     memory_mb: Annotated[StrictInt, Field(ge=10, le=INT32_MAX, alias="memoryMB")] = 128
     memory_max_mb: Annotated[StrictInt | None, Field(ge=10, le=INT32_MAX, alias="memoryMaxMB")] = (
@@ -220,13 +257,6 @@ class RunnerSpec(_Model):
     def _image_not_blank(cls, value: str) -> str:
         if not value.strip():
             raise _invalid("must not be blank")
-        return value
-
-    @field_validator("command")
-    @classmethod
-    def _command_names_a_program(cls, value: list[str]) -> list[str]:
-        if value and not value[0]:
-            raise _invalid("the program (first element) must not be empty", "[0]")
         return value
 
     @field_validator("ports")
@@ -326,6 +356,7 @@ class RunnerPoolSpec(_Model):
     max_runners: Count = 100
     startup_timeout_seconds: Seconds = 120
     claims: ClaimsSpec = Field(default_factory=ClaimsSpec)
+    executions: ExecutionsSpec = Field(default_factory=ExecutionsSpec)
     runner: RunnerSpec
     nomad: NomadSpec = Field(default_factory=NomadSpec)
     deletion_policy: DeletionPolicy = DeletionPolicy.DRAIN
@@ -556,6 +587,7 @@ _MODELS: Final[tuple[type[BaseModel], ...]] = (
     ObjectMeta,
     RunnerPoolSpec,
     ClaimsSpec,
+    ExecutionsSpec,
     RunnerSpec,
     NomadSpec,
     DemandSpec,

@@ -35,11 +35,14 @@ from controller.core.times import utcnow
 from controller.engine.engine import Clock, Engine
 from controller.engine.publish import StatusSink
 from controller.errors import UsageError
+from controller.executions.files import FileOperations
+from controller.executions.manager import ExecutionManager
 from controller.metrics import Metrics
 from controller.nomad.client import NomadClient
 from controller.nomad.config import ConfigError, NomadConfig
 from controller.nomad.errors import NomadError
 from controller.nomad.events import EventWatcher
+from controller.nomad.exec import NomadExec
 from controller.poseidon.app import PREFIX as POSEIDON_PREFIX
 from controller.poseidon.app import (
     EnvironmentMode,
@@ -276,10 +279,9 @@ class Service:
         self.service_settings = settings
         self.nomad = nomad
         self.metrics = Metrics()
+        user_agent = f"poolkeeper/{__version__} ({self.identity()})"
         self.client = NomadClient(
-            nomad,
-            on_request=self.metrics.observe_nomad_request,
-            user_agent=f"poolkeeper/{__version__} ({self.identity()})",
+            nomad, on_request=self.metrics.observe_nomad_request, user_agent=user_agent
         )
         self.engine = Engine(
             self.client,
@@ -296,6 +298,13 @@ class Service:
             lease_ttl_seconds=settings.lease_ttl_seconds,
         )
         self.claims = ClaimService(self.engine)
+        self.exec = NomadExec(
+            nomad, on_request=self.metrics.observe_nomad_request, user_agent=user_agent
+        )
+        self.executions = ExecutionManager(
+            self.engine, self.claims, self.client, self.exec, self.metrics
+        )
+        self.files = FileOperations(self.executions.activity, self.exec, self.metrics)
         poseidon = settings.poseidon
         self.environments = (
             EnvironmentStore(
@@ -342,6 +351,8 @@ class Service:
             self.tokens,
             ready,
             self.claims,
+            self.executions,
+            self.files,
             log_requests=self.service_settings.access_log,
         )
         poseidon = self.service_settings.poseidon
@@ -471,7 +482,9 @@ class Service:
         await self.stop_environments()
         await self.stop_watchers()
         await self.engine.stop()
+        await self.executions.close()
         await self.claims.drain()
         if self._runner is not None:
             await self._runner.cleanup()
+        await self.exec.close()
         await self.client.close()

@@ -18,13 +18,16 @@ namespace "default" {
     "list-jobs",
     # GET /v1/allocations: the runners' allocations; GET /v1/event/stream with the
     # Job and Allocation topics: what changed since the last look; GET
-    # /v1/job/:id/evaluations: why a runner could not be placed.
+    # /v1/job/:id/evaluations: why a runner could not be placed; GET /v1/allocation/:id:
+    # why an execution ended (a restarted or stopped allocation).
     "read-job",
     # POST /v1/jobs (with EnforceIndex) registers runner jobs;
     # DELETE /v1/job/:id?purge=true purges them.
     "submit-job",
-    # For the executions feature (commands run inside a runner), not used yet:
-    # "alloc-exec",
+    # GET /v1/client/allocation/:id/exec (a WebSocket): executions and file requests
+    # run in the claimed runner's task, so clients need no Nomad token of their own.
+    # Docker tasks isolate their filesystem, so alloc-node-exec is not needed.
+    "alloc-exec",
   ]
 
   variables {

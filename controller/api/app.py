@@ -14,9 +14,10 @@ from aiohttp import web
 
 from controller.api.access_log import access_log
 from controller.api.auth import Handler, TokenSet, auth_middleware
+from controller.api.execution_routes import EXECUTIONS_KEY, FILES_KEY
 from controller.api.openapi import document
+from controller.api.route import CLAIMS_KEY
 from controller.api.routes import (
-    CLAIMS_KEY,
     ENGINE_KEY,
     METRICS_KEY,
     OPENAPI_KEY,
@@ -26,6 +27,8 @@ from controller.api.routes import (
 from controller.claims.service import ClaimService
 from controller.engine.engine import Engine
 from controller.errors import ErrorCode, ServiceError
+from controller.executions.files import FileOperations
+from controller.executions.manager import ExecutionManager
 from controller.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -82,16 +85,21 @@ def create_app(
     tokens: TokenSet,
     ready: Callable[[], list[str]],
     claims: ClaimService,
+    executions: ExecutionManager,
+    files: FileOperations,
     *,
     log_requests: bool = False,
 ) -> web.Application:
     """With `log_requests`, one access-log line per request (api/access_log.py)."""
-    middlewares = [error_middleware, auth_middleware(tokens)]
+    open_paths = frozenset(r.path for r in ROUTES if not r.needs_token)
+    middlewares = [error_middleware, auth_middleware(tokens, open_paths)]
     if log_requests:
         middlewares.insert(0, access_log)  # outermost: it logs the status answered
     app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
     app[ENGINE_KEY] = engine
     app[CLAIMS_KEY] = claims
+    app[EXECUTIONS_KEY] = executions
+    app[FILES_KEY] = files
     app[METRICS_KEY] = metrics
     app[READY_KEY] = ready
     app[OPENAPI_KEY] = document()

@@ -108,9 +108,15 @@ def scope(request: web.Request) -> Scope:
     return found
 
 
-def auth_middleware(tokens: TokenSet) -> Middleware:
+def auth_middleware(tokens: TokenSet, open_paths: frozenset[str] = frozenset()) -> Middleware:
+    """`open_paths`: route templates under /v1 that check a credential of their own
+    (an execution's stream: its ID)."""
+
     @web.middleware
     async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+        resource = request.match_info.route.resource
+        if resource is not None and resource.canonical in open_paths:
+            return await handler(request)
         if request.path.startswith("/v1/") or request.path == "/v1":
             request[SCOPE_KEY] = authorized(tokens, request)
         return await handler(request)

@@ -3,13 +3,15 @@ OpenAPI document (openapi.py) is generated from them."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     RootModel,
+    StrictBool,
     StrictFloat,
     StrictInt,
     StrictStr,
@@ -18,6 +20,9 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from controller.claims.service import MAX_WAIT_SECONDS, ClaimRequest
+from controller.executions.files import Uploads
+from controller.executions.manager import ExecutionRequest
+from controller.model import INT32_MAX, MAX_PATH_LENGTH
 
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9_~-]{1,64}$"
 POOL_KEY_PATTERN = r"^[^/\s]{1,63}/[^/\s]{1,253}$"
@@ -125,3 +130,137 @@ class ErrorDetail(_Body):
 
 class ErrorBody(_Body):
     error: ErrorDetail
+
+
+# ---- executions and files -------------------------------------------------------------------
+
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+MAX_DELETE_BYTES = 64 * 1024  # the paths to delete travel in the exec's URL
+MAX_LISTED_PATHS = 10_000
+
+
+def _argument(value: str) -> str:
+    """A string that becomes a program argument: UTF-8 without NUL."""
+    if "\0" in value:
+        raise ValueError("must not contain NUL")
+    return _utf8(value)
+
+
+def _utf8(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode (no lone surrogates)") from None
+    return value
+
+
+Argument = Annotated[StrictStr, AfterValidator(_argument)]
+Text = Annotated[StrictStr, AfterValidator(_utf8)]
+RunnerPathText = Annotated[Argument, Field(min_length=1, max_length=MAX_PATH_LENGTH)]
+
+
+class ExecutionBody(_Body):
+    """Run a command in the claimed runner's task."""
+
+    command: (
+        Annotated[list[Argument], Field(min_length=1)] | Annotated[Argument, Field(min_length=1)]
+    ) = Field(description="an array runs as is; a string runs as /bin/sh -c")
+    env: dict[Annotated[StrictStr, Field(pattern=ENV_NAME_PATTERN)], Argument] = Field(
+        default_factory=dict, description="variables for the command, passed as they are"
+    )
+    working_dir: RunnerPathText | None = Field(
+        None, description="where it runs; relative: under the pool's workingDir"
+    )
+    time_limit_seconds: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] | None = Field(
+        None, description="default and maximum come from the pool"
+    )
+    tty: StrictBool = Field(False, description="a terminal: stderr merged, input echoed")
+    privileged: StrictBool | None = Field(
+        None,
+        description="false runs under the pool's unprivilegedWrapper; default: true when "
+        "the pool has none",
+    )
+    wait: StrictBool = Field(
+        False, description="true: run to the end and answer with the output (200)"
+    )
+    stdin: Text | None = Field(None, description="input for the command, sent first")
+
+    @field_validator("command")
+    @classmethod
+    def _command_names_a_program(cls, value: list[str] | str) -> list[str] | str:
+        if isinstance(value, list) and not value[0]:
+            raise ValueError("the program (first element) must not be empty")
+        return value
+
+    def to_request(self) -> ExecutionRequest:
+        return ExecutionRequest(
+            command=self.command,
+            env=dict(self.env),
+            working_dir=self.working_dir,
+            time_limit_seconds=self.time_limit_seconds,
+            tty=self.tty,
+            privileged=self.privileged,
+            stdin=self.stdin,
+        )
+
+
+class ExecutionCreated(_Body):
+    execution_id: str
+    stream_url: str = Field(description="open within 30 s, once (the ID is the credential)")
+
+
+class ExecutionResult(_Body):
+    execution_id: str
+    exit_code: int | None = Field(description="null when the time limit ended it")
+    stdout: str
+    stderr: str
+    timed_out: bool
+    output_truncated: bool = Field(description="a stream went past 1 MiB; the rest is dropped")
+    duration_seconds: float
+
+
+class FileUpload(_Body):
+    path: RunnerPathText
+    content: StrictStr = Field(description="standard base64")
+    mode: Annotated[StrictStr, Field(pattern=r"^0?[0-7]{3}$")] = "0644"
+
+
+class FilesBody(_Body):
+    """Delete (recursively), then make directories, then write files (parents made)."""
+
+    delete: Annotated[list[RunnerPathText], Field(max_length=MAX_LISTED_PATHS)] = Field(
+        default_factory=list
+    )
+    directories: Annotated[list[RunnerPathText], Field(max_length=MAX_LISTED_PATHS)] = Field(
+        default_factory=list
+    )
+    files: Annotated[list[FileUpload], Field(max_length=MAX_LISTED_PATHS)] = Field(
+        default_factory=list
+    )
+
+    @field_validator("delete")
+    @classmethod
+    def _delete_fits(cls, value: list[str]) -> list[str]:
+        if sum(len(path.encode()) for path in value) > MAX_DELETE_BYTES:
+            raise ValueError(f"the paths must take at most {MAX_DELETE_BYTES} bytes together")
+        return value
+
+    def to_uploads(self) -> Uploads:
+        return Uploads(
+            delete=self.delete,
+            directories=self.directories,
+            files=[(f.path, f.content, int(f.mode, 8)) for f in self.files],
+        )
+
+
+class FileInfo(_Body):
+    path: str = Field(description="under the listed path (prog/main.py), absolute if it was")
+    type: Literal["file", "directory", "link", "other"]
+    size: int
+    mode: str = Field(description="octal permission bits, 0644")
+    modified_at: str = Field(json_schema_extra={"format": "date-time"})
+    link_target: str | None = Field(None, description="links only")
+
+
+class FileList(_Body):
+    files: list[FileInfo]

@@ -10,7 +10,8 @@ from pydantic.json_schema import models_json_schema
 
 from controller import __version__
 from controller.api.models import ErrorBody
-from controller.api.routes import ROUTES, Route
+from controller.api.route import Route
+from controller.api.routes import ROUTES
 from controller.core.runner_ids import RUNNER_ID_PATTERN
 
 _REF = "#/components/schemas/{model}"
@@ -38,7 +39,7 @@ def _content(model: type[BaseModel]) -> dict[str, Any]:
 
 def _parameters(path: str) -> list[dict[str, Any]]:
     parameters = []
-    for name in ("namespace", "name", "runnerId"):
+    for name in ("namespace", "name", "runnerId", "executionId"):
         if "{" + name + "}" in path:
             schema: dict[str, Any] = {"type": "string"}
             if name == "runnerId":
@@ -66,7 +67,14 @@ def _operation(route: Route) -> dict[str, Any]:
         operation["security"] = []
     if route.body is not None:
         operation["requestBody"] = {"required": False, "content": _content(route.body)}
-    parameters = _parameters(route.path)
+        if route.raw_body is not None:
+            raw = {"schema": {"type": "string", "format": "binary"}}
+            operation["requestBody"]["content"][route.raw_body] = raw
+    parameters = _parameters(route.path) + [
+        {"name": name, "in": "query", "required": False, "description": description,
+         "schema": {"type": "string"}}
+        for name, description in route.query.items()
+    ]  # fmt: skip
     if parameters:
         operation["parameters"] = parameters
     return operation

@@ -3,15 +3,14 @@ document (openapi.py) is generated from it, so the two cannot drift apart."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel
 
 from controller.api.auth import EVERY_POOL, Scope, scope
 from controller.api.bodies import read_body
+from controller.api.execution_routes import EXECUTION_ROUTES
 from controller.api.models import (
     Claim,
     ClaimAnswer,
@@ -20,36 +19,14 @@ from controller.api.models import (
     PoolList,
     PoolsClaimBody,
 )
-from controller.claims.service import ClaimService
+from controller.api.route import CLAIMS_KEY, NOT_CLAIMED, RUNNER_GONE, Route, runner_in_scope
 from controller.engine.engine import Engine
 from controller.metrics import Metrics
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
 ENGINE_KEY: web.AppKey[Engine] = web.AppKey("engine", Engine)
-CLAIMS_KEY: web.AppKey[ClaimService] = web.AppKey("claims", ClaimService)
 METRICS_KEY: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
 READY_KEY: web.AppKey[Callable[[], list[str]]] = web.AppKey("ready")
 OPENAPI_KEY: web.AppKey[dict[str, Any]] = web.AppKey("openapi")
-
-RUNNER_GONE = "the runner is gone; `reason` says why"
-NOT_CLAIMED = "not a claimed runner (idle, foreign, unknown or malformed ID)"
-
-
-@dataclass(frozen=True)
-class Route:
-    method: str
-    path: str
-    operation: str
-    summary: str
-    handler: Handler
-    body: type[BaseModel] | None = None
-    # status -> (description, body model or None)
-    responses: dict[int, tuple[str, type[BaseModel] | None]] = field(default_factory=dict)
-    # status -> description; their body is the error object
-    errors: dict[int, str] = field(default_factory=dict)
-    needs_token: bool = True
-
 
 # ---- handlers ----------------------------------------------------------------------------
 
@@ -59,13 +36,6 @@ def pool_in_scope(request: web.Request) -> tuple[str, str]:
     namespace, name = request.match_info["namespace"], request.match_info["name"]
     scope(request).require(f"{namespace}/{name}")
     return namespace, name
-
-
-def runner_in_scope(request: web.Request) -> str:
-    """The route's runner, whose pool the request's token must cover (403 otherwise)."""
-    runner_id = request.match_info["runnerId"]
-    scope(request).require(request.app[CLAIMS_KEY].pool_of_runner(runner_id).key)
-    return runner_id
 
 
 async def claim(request: web.Request) -> web.Response:
@@ -221,4 +191,5 @@ ROUTES: tuple[Route, ...] = (
           responses={200: ("the metrics, Prometheus text format", None)}),
     Route("GET", "/openapi.json", "openapi", "this document", openapi, needs_token=False,
           responses={200: ("the OpenAPI document", None)}),
+    *EXECUTION_ROUTES,
 )  # fmt: skip

@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +89,9 @@ class ClaimService:
         self._background: set[asyncio.Task[None]] = set()
         # pool key -> (the runners tuple of a pass, its idle runners, its outdated ones)
         self._idle_cache: dict[str, tuple[tuple[Runner, ...], list[Runner], list[Runner]]] = {}
+        # Told whenever this process turns a live claim into a tombstone (release,
+        # retirement, expiry found by a keepalive): runner ID and the tombstone's state.
+        self.claim_ended: list[Callable[[str, ClaimState], None]] = []
 
     # ---- claim -------------------------------------------------------------------------
 
@@ -473,47 +476,75 @@ class ClaimService:
         return claim_view(record, self._node_of(record))
 
     async def keepalive(self, runner_id: str) -> dict[str, Any]:
+        stored = await self.renew(await self.live(runner_id))
+        return claim_view(stored, self._node_of(stored))
+
+    async def live(self, runner_id: str) -> ClaimRecord:
+        """The runner's live claim as Nomad holds it now: 404 RunnerNotFound, or 410
+        RunnerGone for a tombstone or a claim past its deadline (which becomes an
+        `expired` tombstone)."""
         for _ in range(CAS_ATTEMPTS):
             _, record = await self._read_claim(runner_id)
             if record.is_tombstone:
                 raise gone(record)
-            now = self.engine.clock()
-            if record.is_expired(now):
-                await self._end(record, ClaimState.EXPIRED)
-                continue  # re-read: either our tombstone or a concurrent one answers
-            stored = await self._cas(record.kept_alive(now), record.modify_index)
-            if stored is not None:
-                return claim_view(stored, self._node_of(stored))
-        raise ServiceError(
-            ErrorCode.NOMAD_UNAVAILABLE, f"runner {runner_id} changed too often; retry"
-        )
+            if not record.is_expired(self.engine.clock()):
+                return record
+            await self._end(record, ClaimState.EXPIRED)  # then read again: ours or another's
+        raise _changing(runner_id)
 
-    async def release(self, runner_id: str) -> None:
+    async def renew(self, record: ClaimRecord, *, past_deadline: bool = False) -> ClaimRecord:
+        """Move a claim's deadline to now + its inactivity timeout (check-and-set on
+        `record`; a claim that changed meanwhile is read again). A claim past its deadline
+        becomes an `expired` tombstone (410) unless `past_deadline`: activity of this
+        process (a running execution) kept it alive, and only a tombstone ends it."""
         for _ in range(CAS_ATTEMPTS):
-            view, record = await self._read_claim(runner_id)
             if record.is_tombstone:
                 raise gone(record)
-            if record.is_expired(self.engine.clock()):
-                await self._end(record, ClaimState.EXPIRED)
+            now = self.engine.clock()
+            if record.is_expired(now) and not past_deadline:
+                record = await self.live(record.runner_id)  # expires it, or finds it renewed
                 continue
-            if await self._cas(record.with_state(ClaimState.RELEASED), record.modify_index):
-                await self._purge_released(view, runner_id)
-                return
-        raise ServiceError(
-            ErrorCode.NOMAD_UNAVAILABLE, f"runner {runner_id} changed too often; retry"
-        )
+            stored = await self._cas(record.kept_alive(now), record.modify_index)
+            if stored is not None:
+                return stored
+            _, record = await self._read_claim(record.runner_id)
+        raise _changing(record.runner_id)
 
-    async def _purge_released(self, view: PoolView, runner_id: str) -> None:
+    async def release(self, runner_id: str) -> None:
+        """The client is done: a `released` tombstone, and the runner is destroyed."""
+        await self._finish(runner_id, ClaimState.RELEASED)
+
+    async def retire(self, runner_id: str) -> None:
+        """The controller gives up a claimed runner it cannot trust any more (an
+        execution it could not stop): a `retired` tombstone, and the runner is destroyed."""
+        await self._finish(runner_id, ClaimState.RETIRED)
+
+    async def _finish(self, runner_id: str, state: ClaimState) -> None:
+        for _ in range(CAS_ATTEMPTS):
+            record = await self.live(runner_id)
+            if await self._cas(record.with_state(state), record.modify_index):
+                self._ended(runner_id, state)
+                view = self.pool_of_runner(runner_id)
+                await self._purge(view, runner_id, state)
+                return
+        raise _changing(runner_id)
+
+    async def _purge(self, view: PoolView, runner_id: str, state: ClaimState) -> None:
         namespace = view.policy.nomad_namespace
         try:
             await self.engine.purge_runner(runner_id, namespace)
         except NomadError as error:  # the engine purges tombstoned runners anyway
-            log.warning("purge of released runner %s deferred: %s", runner_id, error)
-        self.metrics.runners_destroyed.labels(pool=view.key, reason="released").inc()
+            log.warning("purge of %s runner %s deferred: %s", state, runner_id, error)
+        self.metrics.runners_destroyed.labels(pool=view.key, reason=state.value).inc()
         self.engine.hint_namespace(namespace)
 
+    def _ended(self, runner_id: str, state: ClaimState) -> None:
+        for listener in self.claim_ended:
+            listener(runner_id, state)
+
     async def _end(self, record: ClaimRecord, state: ClaimState) -> None:
-        await self._cas(record.with_state(state), record.modify_index)
+        if await self._cas(record.with_state(state), record.modify_index):
+            self._ended(record.runner_id, state)
         self.engine.hint_namespace(record.namespace)
 
     async def _cas(self, record: ClaimRecord, index: int) -> ClaimRecord | None:
@@ -541,6 +572,10 @@ class ClaimService:
 
 
 _CLAIMABLE = frozenset({RunnerState.IDLE, RunnerState.OUTDATED})
+
+
+def _changing(runner_id: str) -> ServiceError:
+    return ServiceError(ErrorCode.NOMAD_UNAVAILABLE, f"runner {runner_id} changed too often; retry")
 
 
 def _one_namespace(views: Sequence[PoolView]) -> str:

@@ -57,6 +57,9 @@ class Applier:
     # Whether this process may still write the pool (fencing by its lease), asked again
     # right before every write: a lease can run out while a plan is applied.
     may_write: Callable[[str], bool] = lambda key: True
+    # Whether this process is using the runner now (an execution runs on it): such a
+    # claim is renewed when its deadline passes, not expired. Activity keeps it alive.
+    in_use: Callable[[str], bool] = lambda runner_id: False
     _slots: asyncio.Semaphore = field(
         default_factory=lambda: asyncio.Semaphore(APPLY_CONCURRENCY), init=False
     )
@@ -128,6 +131,10 @@ class Applier:
                 if await self.store.create(tombstone) is None:
                     return False  # a client claimed it first: it stays claimed
             elif not destroy.claim.is_tombstone:
+                if destroy.reason is DestroyReason.EXPIRED and self.in_use(destroy.runner_id):
+                    claim = destroy.claim
+                    await self.store.update(claim.kept_alive(now), cas=claim.modify_index)
+                    return False  # a lost check-and-set: the next pass decides again
                 ended = destroy.claim.with_state(destroy.tombstone_state)
                 if await self.store.update(ended, cas=destroy.claim.modify_index) is None:
                     return False  # a keepalive or release won; the next pass decides again

@@ -115,12 +115,13 @@ class Engine:
             else None
         )
         may_write = self.leases.holds if self.leases is not None else _always
+        self._applier = Applier(port, self.store, metrics, on_event, rng, may_write)
         self._reconciler = Reconciler(
             port,
             self.store,
             self._registry,
             self._drains,
-            Applier(port, self.store, metrics, on_event, rng, may_write),
+            self._applier,
             self._publisher,
             metrics,
             on_event,
@@ -182,6 +183,11 @@ class Engine:
         self._registry.clear()
         self._drains.forget()
         self.store.forget_namespaces()
+
+    def keep_claims_in_use(self, in_use: Callable[[str], bool]) -> None:
+        """Claims of the runners `in_use` names (an execution of this process runs on
+        them) are renewed at their deadline instead of expired."""
+        self._applier.in_use = in_use
 
     def pool_for_runner(self, runner_id: str) -> PoolView | None:
         managed = self._registry.owner_of_runner(runner_id)

@@ -16,7 +16,9 @@ child process, as real clients are other processes. Sections:
    run as fast as they can;
 5. convergence after a node holding ~30% of the runners goes down;
 6. demand: a class day replayed with a fixed pool, a demand-sized one and an oracle
-   (bench_demand.py).
+   (bench_demand.py);
+7. executions and files: first byte, waited executions and uploads through poolkeeper,
+   each against the same through a bare exec (bench_exec.py).
 
 The JSON is one flat object of dotted keys with numeric values.
 """
@@ -54,10 +56,13 @@ from controller.core.status import count
 from controller.core.views import RunnerState
 from controller.engine.engine import Engine
 from controller.errors import EXIT_FAILURE, EXIT_OK
+from controller.executions.files import FileOperations
+from controller.executions.manager import ExecutionManager
 from controller.metrics import Metrics
 from controller.model import RunnerPool
 from controller.nomad.client import NomadClient
 from controller.nomad.config import NomadConfig
+from controller.nomad.exec import NomadExec
 from controller.standalone import Controller, Settings
 
 log = logging.getLogger(__name__)
@@ -171,6 +176,7 @@ class SimOptions:
     # The simulator's reported time, sped up from an origin (bench_demand.py).
     clock_speed: float = 1.0
     clock_origin_ns: int = 0
+    exec_mode: str = "none"  # "local": execs run as real processes (bench_exec.py)
 
 
 def _sim_child(conn: Connection, options: SimOptions) -> None:
@@ -193,6 +199,7 @@ async def _sim_serve(conn: Connection, options: SimOptions) -> None:
         node_memory_mb=100_000_000,
         algorithm=options.algorithm,
         event_buffer_size=10_000,
+        exec_mode=options.exec_mode,
     )
     server = await start_sim(sim)
     conn.send(server.url)
@@ -372,11 +379,14 @@ class PassiveController:
     def __init__(self, sim_url: str, surge: int) -> None:
         self.requests: Counter[str] = Counter()
         self.metrics = Metrics()
-        self.client = NomadClient(
-            NomadConfig.from_env({"NOMAD_ADDR": sim_url}), on_request=self._count
-        )
+        config = NomadConfig.from_env({"NOMAD_ADDR": sim_url})
+        self.client = NomadClient(config, on_request=self._count)
         self.engine = Engine(self.client, self.metrics, resync_seconds=3600.0, surge=surge)
         self.claims = ClaimService(self.engine)
+        self.exec = NomadExec(config)
+        self.executions = ExecutionManager(
+            self.engine, self.claims, self.client, self.exec, self.metrics
+        )
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -387,7 +397,15 @@ class PassiveController:
     async def start(self, documents: list[dict[str, Any]]) -> None:
         for document in documents:
             self.engine.upsert_pool(RunnerPool.parse_document(document))
-        app = create_app(self.engine, self.metrics, TokenSet(None), self.engine.ready, self.claims)
+        app = create_app(
+            self.engine,
+            self.metrics,
+            TokenSet(None),
+            self.engine.ready,
+            self.claims,
+            self.executions,
+            FileOperations(self.executions.activity, self.exec, self.metrics),
+        )
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -398,6 +416,7 @@ class PassiveController:
         await self.claims.drain()
         if self._runner is not None:
             await self._runner.cleanup()
+        await self.exec.close()
         await self.client.close()
 
 
@@ -871,6 +890,9 @@ REQUIRED_KEYS = (
     "demand.instant_claims.demand",
     "demand.instant_claims.oracle",
     "demand.idle_runner_minutes_ratio",
+    "exec.first_byte_ratio",
+    "exec.waited_p99_ms",
+    "files.upload_mb_per_s_ratio",
 )
 
 # (key, goal text, check) for the table's goal column.
@@ -883,11 +905,14 @@ GOALS: tuple[tuple[str, str, Callable[[float], bool]], ...] = (
     ("reconcile.floor_ratio", "<= 1.5", lambda v: v <= 1.5),
     ("demand.instant_claims.demand", ">= 0.95", lambda v: v >= 0.95),
     ("demand.idle_runner_minutes_ratio", "<= 1.5", lambda v: v <= 1.5),
+    ("exec.first_byte_ratio", "<= 1.3", lambda v: v <= 1.3),
+    ("files.upload_mb_per_s_ratio", ">= 0.8", lambda v: v >= 0.8),
 )
 
 
 async def run_all(sizes: Sizes, say: Callable[[str], None]) -> Result:
-    from controller.lab.bench_demand import bench_demand  # it builds on this module
+    from controller.lab.bench_demand import bench_demand  # they build on this module
+    from controller.lab.bench_exec import bench_exec
 
     out: Result = {"bench.quick": 1.0 if sizes is QUICK else 0.0}
     started = time.perf_counter()
@@ -898,6 +923,7 @@ async def run_all(sizes: Sizes, say: Callable[[str], None]) -> Result:
         bench_churn,
         bench_node_loss,
         bench_demand,
+        bench_exec,
     ]
     for section in sections:
         await section(sizes, out, say)

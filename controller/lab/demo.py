@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import logging
 import shutil
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -53,12 +55,13 @@ class Story:
     def say(self, step: str, outcome: str = "…") -> None:
         self.log.append((step, outcome))
 
-    def table(self) -> Group:
+    def table(self, last: int | None = 12) -> Group:
+        """The pools, and the story's last steps (every step with `last=None`)."""
         pools = pools_table(pool_summaries(self.controller.engine))
         steps = Table(title="story", show_header=False, expand=False)
         steps.add_column("step")
         steps.add_column("outcome")
-        for step, outcome in self.log[-12:]:
+        for step, outcome in self.log if last is None else self.log[-last:]:
             style = "green" if outcome.startswith("ok") else "red" if "violat" in outcome else ""
             steps.add_row(step, Text(outcome, style=style))
         return Group(pools, steps)
@@ -135,6 +138,7 @@ async def play(story: Story) -> None:
     await story.settle(f"node {node} goes down with {count} runners; they are replaced")
 
     await claims_step(story)
+    await executions_step(story)
 
     first = sorted(engine.pools)[0]
 
@@ -214,12 +218,121 @@ async def claims_step(story: Story) -> None:
     )
 
 
+# The program the demo runs in a runner: it reads its input file and a name on stdin,
+# prints as it goes, and writes an output file.
+PROGRAM = """\
+import sys, time
+numbers = [int(word) for word in open("input.txt").read().split()]
+name = sys.stdin.readline().strip()
+print(f"hello {name}, adding {len(numbers)} numbers", flush=True)
+total = 0
+for number in numbers:
+    total += number
+    print(f"  running total {total}", flush=True)
+    time.sleep(0.1)
+open("output.txt", "w").write(f"{name}: {total}\\n")
+"""
+PROGRAM_INPUT = "3 5 8 13 21\n"
+PYTHON_POOL = "default/python-312"  # of the example pools
+
+
+async def executions_step(story: Story) -> None:
+    """A client runs code in a claimed runner through the API: uploads a program and its
+    input, runs it with a streamed execution (stdin sent, output shown as it comes),
+    lists and downloads what it wrote, hits a time limit once, and releases the runner."""
+    controller = story.controller
+    namespace, name = PYTHON_POOL.split("/", 1)
+    problems: list[str] = []
+    async with aiohttp.ClientSession(controller.url) as http:
+        async with http.post(f"/v1/pools/{namespace}/{name}/claims", json={}) as response:
+            if response.status != 201:
+                story.violations.append(f"claim for executions answered {response.status}")
+                return
+            runner = (await response.json())["runnerId"]
+        files = {
+            "files": [
+                {"path": "main.py", "content": _b64(PROGRAM)},
+                {"path": "input.txt", "content": _b64(PROGRAM_INPUT)},
+            ]
+        }
+        async with http.put(f"/v1/runners/{runner}/files", json=files) as response:
+            if response.status != 204:
+                problems.append(f"upload answered {response.status}")
+        await story.settle(f"upload main.py and input.txt to {runner}", _none(problems))
+
+        # The simulator runs commands on this machine: its Python is the demo's own.
+        run = {"command": [sys.executable, "main.py"], "timeLimitSeconds": 30}
+        ended = await _stream(story, http, runner, run, stdin="demo\n")
+        if ended != {"type": "exit", "exitCode": 0}:
+            problems.append(f"main.py ended with {ended}")
+        await story.settle("main.py ran, streamed: stdin sent, output shown live", _none(problems))
+
+        async with http.get(f"/v1/runners/{runner}/files") as response:
+            listed = [entry["path"] for entry in (await response.json()).get("files", [])]
+        async with http.get(
+            f"/v1/runners/{runner}/files/content", params={"path": "output.txt"}
+        ) as response:
+            output = (await response.read()).decode()
+        if "output.txt" not in listed or output != "demo: 50\n":
+            problems.append(f"listing {listed}, output.txt {output!r}")
+        await story.settle(
+            f"list the files, download output.txt: {output.strip()!r}", _none(problems)
+        )
+
+        ended = await _stream(story, http, runner, {"command": "sleep 60", "timeLimitSeconds": 1})
+        if ended != {"type": "timeout"}:
+            problems.append(f"sleep 60 with a 1 s limit ended with {ended}")
+        await story.settle("sleep 60 with a time limit of 1 s: killed", _none(problems))
+
+        async with http.delete(f"/v1/runners/{runner}") as response:
+            if response.status != 204:
+                problems.append(f"release answered {response.status}")
+    await story.settle(f"release {runner}", _none(problems))
+
+
+async def _stream(
+    story: Story,
+    http: aiohttp.ClientSession,
+    runner: str,
+    body: dict[str, object],
+    stdin: str | None = None,
+) -> dict[str, object] | None:
+    """A streamed execution to its end, its output shown as it comes; its last frame."""
+    async with http.post(f"/v1/runners/{runner}/executions", json=body) as response:
+        if response.status != 201:
+            return {"status": response.status}
+        created = await response.json()
+    last: dict[str, object] | None = None
+    async with http.ws_connect(created["streamUrl"]) as ws:
+        if stdin is not None:
+            await ws.send_json({"type": "stdin", "data": stdin})
+            await ws.send_json({"type": "stdinClose"})
+        async for message in ws:
+            last = message.json()
+            if last["type"] in ("stdout", "stderr"):
+                for line in str(last["data"]).splitlines():
+                    if line.strip():
+                        story.say(f"  │ {line.strip()}", "")
+    return last
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _none(problems: list[str]) -> Callable[[], Awaitable[list[str]]]:
+    async def check() -> list[str]:
+        return list(problems)
+
+    return check
+
+
 async def run_demo(console: Console) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="poolkeeper-demo-"))
     try:
         pools_file = workdir / "pools.yaml"
         shutil.copy(EXAMPLES, pools_file)
-        sim = Simulator(seed=7, start_delay=START_DELAY)
+        sim = Simulator(seed=7, start_delay=START_DELAY, exec_mode="local")
         server = await start_sim(sim, host="127.0.0.1", port=0)
         settings = Settings(
             pools_path=pools_file,
@@ -238,7 +351,7 @@ async def run_demo(console: Console) -> int:
                     await play(story)
                 finally:
                     refresher.cancel()
-                live.update(story.table())
+                live.update(story.table(last=None))
             console.print()
         finally:
             await controller.stop()

@@ -119,6 +119,31 @@ def tls_connector(config: NomadConfig, limit: int = 100) -> aiohttp.TCPConnector
     return aiohttp.TCPConnector(limit=limit, ssl=context if context is not None else False)
 
 
+def nomad_session(
+    config: NomadConfig, max_connections: int, timeout: aiohttp.ClientTimeout, user_agent: str
+) -> aiohttp.ClientSession:
+    """An aiohttp session to Nomad, as every connection to it is made: `config`'s TLS
+    settings, the token only in X-Nomad-Token, a User-Agent naming this process."""
+    token = config.token
+    return aiohttp.ClientSession(
+        config.address,
+        connector=tls_connector(config, max_connections),
+        headers={"User-Agent": user_agent} | ({"X-Nomad-Token": token} if token else {}),
+        timeout=timeout,
+    )
+
+
+def report(on_request: OnRequest | None, template: str, code: str) -> None:
+    """Tell the metrics hook of a Nomad request; a failing hook never fails the request."""
+    if on_request is None:
+        return
+    try:
+        on_request(template, code)
+    except Exception:
+        log.exception("on_request hook failed")
+
+
+DEFAULT_USER_AGENT = f"poolkeeper/{__version__}"
 _DECODER = json.JSONDecoder()
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 _LARGE_BODY = 64 * 1024
@@ -187,7 +212,7 @@ class NomadClient:
         attempts: int = 4,
         backoff_base: float = 0.1,
         backoff_max: float = 2.0,
-        user_agent: str = f"poolkeeper/{__version__}",
+        user_agent: str = DEFAULT_USER_AGENT,
     ) -> None:
         """`user_agent` names this process to Nomad (its audit log, a proxy's access log):
         the service puts its lease identity in it."""
@@ -236,6 +261,15 @@ class NomadClient:
         """The namespace's allocation stubs with task states; consistent read."""
         params = {"namespace": namespace, "task_states": "true"}
         return await self._list("/v1/allocations", "/v1/allocations", params)
+
+    async def read_allocation(self, allocation_id: str, namespace: str) -> dict[str, Any] | None:
+        """One allocation with its task states and events, or None when it is gone."""
+        path = f"/v1/allocation/{allocation_id}"
+        try:
+            outcome = await self._call("GET", "/v1/allocation/:id", path, {"namespace": namespace})
+        except NomadNotFound:
+            return None
+        return dict(outcome.body)
 
     async def list_nodes(self) -> list[dict[str, Any]]:
         """The client nodes' stubs (drain and eligibility); consistent read."""
@@ -470,22 +504,12 @@ class NomadClient:
         return retry is _Retry.ALWAYS or not error.maybe_applied
 
     def _report(self, template: str, code: str) -> None:
-        if self._on_request is None:
-            return
-        try:
-            self._on_request(template, code)
-        except Exception:  # a metrics hook must never fail a Nomad call
-            log.exception("on_request hook failed")
+        report(self._on_request, template, code)
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
-            token = self._config.token
-            self._session = aiohttp.ClientSession(
-                self._config.address,
-                connector=tls_connector(self._config, self._max_connections),
-                headers={"User-Agent": self._user_agent}
-                | ({"X-Nomad-Token": token} if token else {}),
-                timeout=self._timeout,
+            self._session = nomad_session(
+                self._config, self._max_connections, self._timeout, self._user_agent
             )
         return self._session
 

@@ -88,7 +88,15 @@ async def test_a_token_acts_only_on_the_pools_of_its_scope(
     )
     assert status == 201
     runner = f"/v1/runners/{java['runnerId']}"
-    for method, path in (("GET", runner), ("POST", runner + "/keepalive"), ("DELETE", runner)):
+    for method, path in (
+        ("GET", runner),
+        ("POST", runner + "/keepalive"),
+        ("DELETE", runner),
+        ("POST", runner + "/executions"),
+        ("PUT", runner + "/files"),
+        ("GET", runner + "/files"),
+        ("GET", runner + "/files/content?path=x"),
+    ):
         status, body = await harness.api(controller, method, path, token=PYTHON)
         assert (status, body["error"]["code"]) == (403, "Forbidden"), (method, path)
     status, _ = await harness.api(controller, "DELETE", runner, token=TEAM)

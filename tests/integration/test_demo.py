@@ -57,7 +57,8 @@ def test_the_installed_demo_holds_every_invariant_from_any_folder(
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "every invariant held" in result.stdout
-    for step in ("instant reschedule", "goes down", "claim", "scale", "image changes"):
+    steps = ("instant reschedule", "goes down", "claim", "upload", "main.py ran", "time limit")
+    for step in (*steps, "release", "scale", "image changes"):
         assert step in result.stdout
     imported = subprocess.run(
         [sys.executable, "-c", "import controller; print(controller.__file__)"],

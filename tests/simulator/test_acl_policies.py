@@ -17,7 +17,9 @@ from controller.lab.simulator.acl_policy import (
     PolicyError,
     parse_policy,
 )
+from controller.lab.simulator.api_exec import NO_LOCAL_EXEC
 from tests.simulator.conftest import Client, service_job
+from tests.support.waiting import wait_until
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "nomad-policy.hcl"
 
@@ -310,3 +312,41 @@ async def test_unknown_and_anonymous_tokens(acl_sim: tuple[Client, str]) -> None
         assert resp.status == 200  # a request without a token gets the anonymous policy
     status, text = await _call(client, management, "PUT", "/v1/acl/policy/bad", {"Rules": "x {"})
     assert status == 400 and "failed to parse rules" in text
+
+
+async def test_executions_need_alloc_exec_in_the_example_policy(
+    acl_sim: tuple[Client, str],
+) -> None:
+    """Executions and file requests are execs of the runner task; why one ended is read
+    from its allocation (read-job)."""
+    client, management = acl_sim
+    status, _ = await _call(client, management, "POST", "/v1/jobs", {"Job": service_job("r")})
+    assert status == 200
+    allocations: list[Any] = []
+
+    async def running() -> bool:
+        _, text = await _call(client, management, "GET", "/v1/job/r/allocations")
+        allocations[:] = json.loads(text)
+        return any(a["ClientStatus"] == "running" for a in allocations)
+
+    await wait_until(running, what="the allocation to run")
+    alloc_id = allocations[0]["ID"]
+    rules = EXAMPLE.read_text()
+    without = rules.replace('"alloc-exec",', "")
+    assert without != rules
+    for name, policy, reason in (
+        ("exec", rules, NO_LOCAL_EXEC),  # past the ACL: refused as by a driver that cannot exec
+        ("no-exec", without, "Permission denied"),
+    ):
+        secret = await _token_with(client, management, name, policy)
+        status, _ = await _call(client, secret, "GET", f"/v1/allocation/{alloc_id}")
+        assert status == 200
+        query = {"task": "main", "command": '["true"]'}
+        url = f"{client.url}/v1/client/allocation/{alloc_id}/exec"
+        async with client.session.ws_connect(
+            url, params=query, headers={"X-Nomad-Token": secret}
+        ) as ws:
+            message = await ws.receive()
+        assert (message.type, message.data, message.extra) == (
+            aiohttp.WSMsgType.CLOSE, 1011, reason,
+        )  # fmt: skip

@@ -26,6 +26,9 @@ class SimServer:
         await self.runner.cleanup()
 
 
+GO_MAX_HEADER_BYTES = 1 << 20  # net/http's DefaultMaxHeaderBytes, which Nomad's agent keeps
+
+
 async def start_sim(
     sim: Simulator,
     host: str = "127.0.0.1",
@@ -33,7 +36,15 @@ async def start_sim(
     ssl_context: ssl.SSLContext | None = None,
 ) -> SimServer:
     """Serve `sim` on host:port (0 picks a free port); returns once it accepts connections."""
-    runner = web.AppRunner(build_app(sim), access_log=None, shutdown_timeout=0.5)
+    runner = web.AppRunner(
+        build_app(sim),
+        access_log=None,
+        shutdown_timeout=0.5,
+        # As Go's HTTP server reads a request: up to 1 MiB of request line and headers
+        # (an exec's command travels in its URL).
+        max_line_size=GO_MAX_HEADER_BYTES,
+        max_field_size=GO_MAX_HEADER_BYTES,
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     await site.start()

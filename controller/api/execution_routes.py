@@ -1,0 +1,269 @@
+"""The routes of executions and files in a claimed runner, and the stream protocol.
+
+Stream frames (text frames of JSON). To the client: `{"type": "start"}`, then
+`{"type": "stdout"|"stderr", "data": str}` (invalid UTF-8 replaced), then exactly one of
+`{"type": "exit", "exitCode": int}`, `{"type": "timeout"}`, `{"type": "error",
+"message": str}`, then close 1000. From the client: `{"type": "stdin", "data": str}` and
+`{"type": "stdinClose"}`; anything else is ignored. A client that closes the socket
+cancels the execution (its command is killed), and is sent nothing more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+from controller.api.bodies import parse_json, read_body, read_stream, validated
+from controller.api.models import (
+    ExecutionBody,
+    ExecutionCreated,
+    ExecutionResult,
+    FileList,
+    FilesBody,
+)
+from controller.api.route import NOT_CLAIMED, RUNNER_GONE, Route, runner_in_scope
+from controller.errors import ErrorCode, ServiceError
+from controller.executions.archives import Spool
+from controller.executions.commands import TextStream
+from controller.executions.files import FileOperations
+from controller.executions.manager import Ending, Execution, ExecutionManager, Outcome
+
+EXECUTIONS_KEY: web.AppKey[ExecutionManager] = web.AppKey("executions", ExecutionManager)
+FILES_KEY: web.AppKey[FileOperations] = web.AppKey("files", FileOperations)
+
+TAR = "application/x-tar"
+# What a JSON upload may take on top of its files' base64 (4 characters per 3 bytes):
+# paths, modes and the JSON around them.
+JSON_UPLOAD_SLACK = 1024 * 1024
+CLIENT_FRAME_LIMIT = 1024 * 1024  # bytes of one stdin frame
+
+
+# ---- executions --------------------------------------------------------------------------
+
+
+async def create_execution(request: web.Request) -> web.Response:
+    runner_id = runner_in_scope(request)
+    body = await read_body(request, ExecutionBody)
+    manager = request.app[EXECUTIONS_KEY]
+    if body.wait:
+        return web.json_response(await manager.run_waited(runner_id, body.to_request()))
+    execution_id = await manager.create(runner_id, body.to_request())
+    scheme = "wss" if request.secure else "ws"
+    url = f"{scheme}://{request.host}/v1/runners/{runner_id}/executions/{execution_id}/stream"
+    return web.json_response({"executionId": execution_id, "streamUrl": url}, status=201)
+
+
+async def stream_execution(request: web.Request) -> web.StreamResponse:
+    ws = web.WebSocketResponse(max_msg_size=CLIENT_FRAME_LIMIT)
+    if not ws.can_prepare(request).ok:
+        raise ServiceError(ErrorCode.INVALID_REQUEST, "this route is a WebSocket: upgrade to it")
+    execution = request.app[EXECUTIONS_KEY].connect(
+        request.match_info["runnerId"], request.match_info["executionId"]
+    )
+    frames = StreamFrames(ws)
+    # The exec opens while the upgrade completes: its output waits for the start frame.
+    running = asyncio.create_task(execution.run(frames))
+    try:
+        await ws.prepare(request)
+    except BaseException:
+        execution.cancel()
+        await running
+        raise
+    await frames.start()
+    reading = asyncio.create_task(_client_frames(ws, execution))
+    try:
+        outcome = await running
+    finally:
+        reading.cancel()
+        await asyncio.gather(reading, return_exceptions=True)
+    if outcome.ending is not Ending.CANCELLED:
+        await frames.flush()
+        await frames.send(_terminal(outcome))
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await ws.close(code=1000)
+    return ws
+
+
+class StreamFrames:
+    """An execution's output to its client, as stdout/stderr frames of text."""
+
+    def __init__(self, ws: web.WebSocketResponse) -> None:
+        self.ws = ws
+        self._text = {"stdout": TextStream(), "stderr": TextStream()}
+        self._started = asyncio.Event()
+
+    async def start(self) -> None:
+        await self.send({"type": "start"})
+        self._started.set()
+
+    async def output(self, stream: str, data: bytes) -> None:
+        text = self._text[stream].text(data)
+        if text:
+            await self._started.wait()
+            await self.send({"type": stream, "data": text})
+
+    async def flush(self) -> None:
+        """What a character cut off at the end left behind."""
+        for stream, decoder in self._text.items():
+            text = decoder.text(b"", final=True)
+            if text:
+                await self.send({"type": stream, "data": text})
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        # A client gone: its reader cancels the execution, nothing is lost by not sending.
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await self.ws.send_str(json.dumps(frame, ensure_ascii=False))
+
+
+def _terminal(outcome: Outcome) -> dict[str, Any]:
+    if outcome.ending is Ending.EXIT:
+        return {"type": "exit", "exitCode": outcome.exit_code}
+    if outcome.ending is Ending.TIMEOUT:
+        return {"type": "timeout"}
+    return {"type": "error", "message": outcome.message}
+
+
+async def _client_frames(ws: web.WebSocketResponse, execution: Execution) -> None:
+    """stdin from the client; its close (or its going away) cancels the execution."""
+    async for message in ws:
+        if message.type is not WSMsgType.TEXT:
+            continue
+        try:
+            frame = json.loads(message.data)
+        except ValueError:
+            continue
+        kind = frame.get("type") if isinstance(frame, dict) else None
+        if kind == "stdin" and isinstance(frame.get("data"), str):
+            execution.input.put_nowait(frame["data"].encode("utf-8", "replace"))
+        elif kind == "stdinClose":
+            execution.input.put_nowait(None)
+    execution.cancel()
+
+
+# ---- files -------------------------------------------------------------------------------
+
+
+async def put_files(request: web.Request) -> web.Response:
+    runner_id = runner_in_scope(request)
+    files = request.app[FILES_KEY]
+    await files.activity.live(runner_id)  # 404/410 before a large body is taken in
+    limit = files.activity.spec(runner_id).max_upload_bytes
+    if request.content_type == TAR:
+        spool = Spool()
+        try:
+            await read_stream(request, limit, spool.write)
+            await files.upload_tar(runner_id, request.query.get("path"), spool)
+        finally:
+            spool.close()
+        return web.Response(status=204)
+    raw = bytearray()
+    await read_stream(request, limit // 3 * 4 + 4 + JSON_UPLOAD_SLACK, raw.extend)
+    parsed = await asyncio.to_thread(parse_json, bytes(raw))  # megabytes of base64
+    body = validated(FilesBody, parsed)
+    delete, archive = files.check_uploads(runner_id, body.to_uploads())
+    try:
+        await files.upload(runner_id, delete, archive, own=True)
+    finally:
+        archive.close()
+    return web.Response(status=204)
+
+
+async def list_files(request: web.Request) -> web.Response:
+    runner_id = runner_in_scope(request)
+    recursive = request.query.get("recursive", "true")
+    if recursive not in ("true", "false"):
+        raise ServiceError(ErrorCode.INVALID_REQUEST, "recursive: must be true or false")
+    files = await request.app[FILES_KEY].listing(
+        runner_id, request.query.get("path"), recursive == "true"
+    )
+    return web.json_response({"files": files})
+
+
+async def download_file(request: web.Request) -> web.StreamResponse:
+    runner_id = runner_in_scope(request)
+    path = request.query.get("path")
+    if path is None:
+        raise ServiceError(ErrorCode.INVALID_REQUEST, "path: required")
+    async with request.app[FILES_KEY].download(runner_id, path) as download:
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        response.content_length = download.size
+        await response.prepare(request)
+        try:
+            async for chunk in download.chunks():
+                await response.write(chunk)
+        except ServiceError:
+            # The status is sent: the one way left to say the body is wrong is to cut it.
+            if request.transport is not None:
+                request.transport.abort()
+            return response
+        await response.write_eof()
+        return response
+
+
+# ---- the table ---------------------------------------------------------------------------
+
+RUNNER = "/v1/runners/{runnerId}"
+CLAIM_ERRORS = {404: NOT_CLAIMED, 410: RUNNER_GONE}
+EXEC_ERRORS = {
+    **CLAIM_ERRORS,
+    400: "invalid request, or a value the pool does not allow",
+    502: "Nomad refused or broke the exec (ExecFailed; the message says why)",
+}
+FILE_QUERY = {"path": "relative: under the pool's workingDir (default: it)"}
+
+EXECUTION_ROUTES: tuple[Route, ...] = (
+    Route(
+        "POST", RUNNER + "/executions", "createExecution",
+        "run a command in the runner: streamed over a WebSocket, or waited for",
+        create_execution,
+        body=ExecutionBody,
+        responses={
+            201: ("created: open its stream to run it", ExecutionCreated),
+            200: ("wait: the command ran", ExecutionResult),
+        },
+        errors={**EXEC_ERRORS, 409: "wait: maxConcurrent executions run already "
+                "(TooManyExecutions)", 413: "body too large"},
+    ),
+    Route(
+        "GET", RUNNER + "/executions/{executionId}/stream", "streamExecution",
+        "the execution's WebSocket: it runs while this is open (the ID is the credential)",
+        stream_execution,
+        needs_token=False,
+        responses={101: ("the execution runs; frames as docs/reference.md says", None)},
+        errors={
+            400: "not a WebSocket upgrade",
+            404: "unknown, used or stale execution (ExecutionNotFound)",
+            409: "maxConcurrent executions run already (TooManyExecutions)",
+        },
+    ),
+    Route(
+        "PUT", RUNNER + "/files", "putFiles",
+        "delete, make directories and write files (JSON), or extract a tar archive",
+        put_files,
+        body=FilesBody,
+        raw_body=TAR,
+        query={"path": "a tar body: where to extract it (default: the working dir)"},
+        responses={204: ("done", None)},
+        errors={**EXEC_ERRORS, 413: "more than the pool's maxUploadBytes"},
+    ),
+    Route(
+        "GET", RUNNER + "/files", "listFiles", "list files (recursively by default)", list_files,
+        query={**FILE_QUERY, "recursive": "true (default) or false"},
+        responses={200: ("the entries", FileList)},
+        errors={**EXEC_ERRORS, 404: "no such path (FileNotFound), or " + NOT_CLAIMED},
+    ),
+    Route(
+        "GET", RUNNER + "/files/content", "downloadFile", "a file's bytes, streamed",
+        download_file,
+        query={"path": "the file; relative: under the pool's workingDir"},
+        responses={200: ("the bytes (application/octet-stream, Content-Length)", None)},
+        errors={
+            **EXEC_ERRORS, 404: "no such file (FileNotFound), or " + NOT_CLAIMED,
+            400: "invalid path, or not a regular file",
+        },
+    ),
+)  # fmt: skip

@@ -1,0 +1,47 @@
+"""One route of the HTTP API, as the route table (routes.py) declares it: the app serves
+the table and the OpenAPI document (openapi.py) is generated from it. Also what every
+runner route starts with: the runner, checked against the token's scope."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from pydantic import BaseModel
+
+from controller.api.auth import scope
+from controller.claims.service import ClaimService
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+RUNNER_GONE = "the runner is gone; `reason` says why"
+NOT_CLAIMED = "not a claimed runner (idle, foreign, unknown or malformed ID)"
+
+CLAIMS_KEY: web.AppKey[ClaimService] = web.AppKey("claims", ClaimService)
+
+
+def runner_in_scope(request: web.Request) -> str:
+    """The route's runner, whose pool the request's token must cover (403 otherwise)."""
+    runner_id = request.match_info["runnerId"]
+    scope(request).require(request.app[CLAIMS_KEY].pool_of_runner(runner_id).key)
+    return runner_id
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    operation: str
+    summary: str
+    handler: Handler
+    body: type[BaseModel] | None = None
+    # A content type the route takes instead of `body`'s JSON (its bytes as they are).
+    raw_body: str | None = None
+    # query parameter -> description (all strings)
+    query: dict[str, str] = field(default_factory=dict)
+    # status -> (description, body model or None)
+    responses: dict[int, tuple[str, type[BaseModel] | None]] = field(default_factory=dict)
+    # status -> description; their body is the error object
+    errors: dict[int, str] = field(default_factory=dict)
+    needs_token: bool = True

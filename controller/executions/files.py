@@ -1,0 +1,322 @@
+"""Files in a claimed runner: upload, list and download, each one exec on the runner task.
+
+The files land in (and come from) the task's own filesystem, as an execution sees it,
+which for a Docker task is not Nomad's allocation directory: that is why this is exec
+and `tar`, `find`, `stat` and `cat` (commands.py), not Nomad's client filesystem API.
+Every request is activity on the runner's claim; every path is checked (commands.py,
+archives.py) before anything runs, so a refused request writes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from controller.errors import ErrorCode, ServiceError
+from controller.executions.activity import Activity, Target
+from controller.executions.archives import (
+    Spool,
+    UploadedFile,
+    build_archive,
+    check_archive,
+    decoded_size,
+)
+from controller.executions.commands import (
+    EXIT_MISSING,
+    EXIT_NO_WORKING_DIR,
+    EXIT_NOT_REGULAR,
+    FileEntry,
+    InvalidValue,
+    RunnerPath,
+    download_command,
+    list_command,
+    parse_listing,
+    parse_size_line,
+    runner_path,
+    upload_command,
+)
+from controller.metrics import Metrics
+from controller.nomad.errors import NomadUnavailable
+from controller.nomad.exec import ExecError, ExecSession, NomadExec
+from controller.nomad.jobs import TASK_NAME
+
+log = logging.getLogger(__name__)
+
+# A file request whose exec has not ended by then is given up (502).
+OPERATION_SECONDS = 300.0
+LISTING_LIMIT = 16 * 1024 * 1024  # bytes of `find` output
+STDERR_LIMIT = 4096  # of a failed command, for the error message
+FIND_PARTIAL = 1  # find's exit code when some entries could not be read
+
+
+@dataclass(frozen=True)
+class Uploads:
+    """A JSON upload: deleted first, then directories made, then files written."""
+
+    delete: Sequence[str] = ()
+    directories: Sequence[str] = ()
+    files: Sequence[tuple[str, str, int]] = ()  # path, base64 content, mode
+
+
+@dataclass
+class _Run:
+    exit_code: int | None = None
+    stdout: bytearray = field(default_factory=bytearray)
+    stderr: bytearray = field(default_factory=bytearray)
+
+    def reason(self) -> str:
+        text = bytes(self.stderr[:STDERR_LIMIT]).decode("utf-8", "replace").strip()
+        return text or f"exit code {self.exit_code}"
+
+
+class FileOperations:
+    def __init__(self, activity: Activity, exec_client: NomadExec, metrics: Metrics) -> None:
+        self.activity = activity
+        self.exec = exec_client
+        self.metrics = metrics
+
+    # ---- uploads --------------------------------------------------------------------------
+
+    def check_uploads(self, runner_id: str, uploads: Uploads) -> tuple[list[RunnerPath], Spool]:
+        """The paths to delete and the archive to extract, checked against the pool's
+        settings (400 InvalidRequest, 413 PayloadTooLarge) before anything is written."""
+        limit = self.activity.spec(runner_id).max_upload_bytes
+        total = sum(decoded_size(content) for _, content, _ in uploads.files)
+        if total > limit:
+            raise ServiceError(
+                ErrorCode.PAYLOAD_TOO_LARGE,
+                f"the files hold {total} bytes; the pool takes at most {limit} per request",
+            )
+        delete = [_path(f"delete[{i}]", p, allow_base=False) for i, p in enumerate(uploads.delete)]
+        directories = [
+            _path(f"directories[{i}]", p, allow_base=False)
+            for i, p in enumerate(uploads.directories)
+        ]
+        files = [
+            UploadedFile(_path(f"files[{i}].path", p, allow_base=False), content, mode)
+            for i, (p, content, mode) in enumerate(uploads.files)
+        ]
+        try:
+            return delete, build_archive(directories, files)
+        except InvalidValue as error:
+            raise _invalid(str(error)) from None
+
+    async def upload(
+        self, runner_id: str, delete: Sequence[RunnerPath], archive: Spool, *, own: bool
+    ) -> None:
+        """Delete, then extract `archive`: poolkeeper's own (`own`, from check_uploads)
+        into the working directory, or a client's (checked here first)."""
+        await self._upload(runner_id, delete, None, archive, own=own)
+
+    async def upload_tar(self, runner_id: str, into: str | None, archive: Spool) -> None:
+        """Extract a client's tar archive under `into` (default the working directory)."""
+        target = None if into is None else _path("path", into, allow_base=True)
+        await self._upload(runner_id, (), target, archive, own=False)
+
+    async def _upload(
+        self,
+        runner_id: str,
+        delete: Sequence[RunnerPath],
+        into: RunnerPath | None,
+        archive: Spool,
+        *,
+        own: bool,
+    ) -> None:
+        if not own:
+            try:
+                await asyncio.to_thread(check_archive, archive)
+            except InvalidValue as error:
+                raise _invalid(str(error)) from None
+        async with self._counted(runner_id, "upload") as target:
+            argv = upload_command(target.spec.working_dir, delete, into, own=own)
+            run = await self._run(target, argv, archive.chunks())
+            self._check_exit(run, target, what="the upload")
+
+    # ---- listing and download -------------------------------------------------------------
+
+    async def listing(
+        self, runner_id: str, path: str | None, recursive: bool
+    ) -> list[dict[str, object]]:
+        listed = _path("path", path or ".", allow_base=True)
+        async with self._counted(runner_id, "list") as target:
+            argv = list_command(target.spec.working_dir, listed, recursive=recursive)
+            run = await self._run(target, argv, (), stdout_limit=LISTING_LIMIT)
+            if run.exit_code == FIND_PARTIAL and run.stdout:
+                log.info("listing %s of %s is partial: %s", listed.shown, runner_id, run.reason())
+            else:
+                self._check_exit(run, target, what="the listing", path=listed)
+            try:
+                entries: list[FileEntry] = parse_listing(bytes(run.stdout), listed)
+            except ValueError as error:
+                raise _failed(f"the listing could not be read: {error}") from None
+            return [entry.to_dict() for entry in entries]
+
+    @contextlib.asynccontextmanager
+    async def download(self, runner_id: str, path: str) -> AsyncIterator[Download]:
+        """The file's size and its bytes as they come; 404 FileNotFound, 400 for what is
+        not a regular file. The exec stays open while the caller streams."""
+        wanted = _path("path", path, allow_base=False)
+        async with self._counted(runner_id, "download") as target:
+            argv = download_command(target.spec.working_dir, wanted)
+            try:
+                async with self._session(target, argv) as session:
+                    await session.close_stdin()
+                    download = Download(session, wanted)
+                    if not await download.start():
+                        run = _Run(session.exit_code, stderr=download.stderr)
+                        self._check_exit(run, target, what="the download", path=wanted)
+                    yield download
+            except ExecError as error:
+                raise _failed(await self.activity.explain_failure(target, error)) from None
+
+    # ---- plumbing -------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _counted(self, runner_id: str, op: str) -> AsyncIterator[Target]:
+        """The runner's claim, moved (the request is activity), for one operation,
+        counted in poolkeeper_file_requests_total by how it ended."""
+        target = await self.activity.claimed(runner_id)
+        result = "error"
+        try:
+            yield target
+            result = "ok"
+        except ServiceError as error:
+            if error.code is ErrorCode.FILE_NOT_FOUND:
+                result = "not_found"
+            elif error.code.status < 500:
+                result = "rejected"
+            raise
+        finally:
+            self.metrics.file_requests_total.labels(
+                pool=target.record.pool, op=op, result=result
+            ).inc()
+
+    @contextlib.asynccontextmanager
+    async def _session(self, target: Target, argv: list[str]) -> AsyncIterator[ExecSession]:
+        try:
+            async with self.exec.session(
+                target.record.allocation_id, TASK_NAME, argv, namespace=target.record.namespace
+            ) as session:
+                yield session
+        except NomadUnavailable as error:
+            raise ServiceError(ErrorCode.NOMAD_UNAVAILABLE, str(error)) from None
+
+    async def _run(
+        self,
+        target: Target,
+        argv: list[str],
+        stdin: Iterable[bytes],
+        *,
+        stdout_limit: int = STDERR_LIMIT,
+    ) -> _Run:
+        """One exec to its end: `stdin` in, its output kept (at most `stdout_limit`)."""
+        run = _Run()
+        try:
+            async with asyncio.timeout(OPERATION_SECONDS):
+                async with self._session(target, argv) as session:
+                    sending = asyncio.create_task(_send(session, stdin))
+                    try:
+                        async for output in session.output():
+                            kept = run.stdout if output.stream == "stdout" else run.stderr
+                            kept += output.data
+                            if len(run.stdout) > stdout_limit:
+                                raise _failed(f"the output is larger than {stdout_limit} bytes")
+                    finally:
+                        sending.cancel()
+                        await asyncio.gather(sending, return_exceptions=True)
+                    run.exit_code = session.exit_code
+        except TimeoutError:
+            raise _failed(f"the runner did not answer within {OPERATION_SECONDS:g} s") from None
+        except ExecError as error:
+            raise _failed(await self.activity.explain_failure(target, error)) from None
+        return run
+
+    def _check_exit(
+        self, run: _Run, target: Target, *, what: str, path: RunnerPath | None = None
+    ) -> None:
+        code = run.exit_code
+        if code == 0:
+            return
+        if code == EXIT_MISSING and path is not None:
+            raise ServiceError(ErrorCode.FILE_NOT_FOUND, f"no such file or directory: {path.shown}")
+        if code == EXIT_NOT_REGULAR and path is not None:
+            raise _invalid(f"not a regular file: {path.shown}")
+        if code == EXIT_NO_WORKING_DIR:
+            raise _failed(f"the working directory {target.spec.working_dir!r} cannot be entered")
+        raise _failed(f"{what} failed in the runner: {run.reason()}")
+
+
+class Download:
+    """A download in progress: `size` once started, then the bytes."""
+
+    def __init__(self, session: ExecSession, path: RunnerPath) -> None:
+        self._output = session.output()
+        self.path = path
+        self.size = 0
+        self.stderr = bytearray()
+        self._first = b""
+
+    async def start(self) -> bool:
+        """Read up to the size line; False when the command ended first (an error)."""
+        head = b""
+        async for output in self._output:
+            if output.stream == "stderr":
+                self.stderr += output.data
+                continue
+            head += output.data
+            try:
+                found = parse_size_line(head)
+            except ValueError as error:
+                raise _failed(f"the download could not be read: {error}") from None
+            if found is not None:
+                self.size, self._first = found
+                return True
+        return False
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """Exactly `size` bytes: bytes a growing file gained are left out; a file that
+        shrank while being read is an error (the response, begun, must be aborted)."""
+        left = self.size
+        data = self._first
+        while True:
+            if data and left:
+                piece = data[:left]
+                left -= len(piece)
+                yield piece
+            if not left:
+                return
+            data = b""
+            async for output in self._output:
+                if output.stream == "stdout":
+                    data = output.data
+                    break
+            else:
+                raise _failed(f"{self.path.shown} shrank while it was read")
+
+
+async def _send(session: ExecSession, chunks: Iterable[bytes]) -> None:
+    with contextlib.suppress(ExecError):  # the exec ended: its output says how
+        for chunk in chunks:
+            await session.send(chunk)
+        await session.close_stdin()
+
+
+def _path(field_name: str, path: str, *, allow_base: bool) -> RunnerPath:
+    try:
+        checked = runner_path(path)
+    except InvalidValue as error:
+        raise _invalid(f"{field_name}: {error}") from None
+    if not allow_base and checked.shown in (".", "/"):
+        raise _invalid(f"{field_name}: must name something below the working directory or /")
+    return checked
+
+
+def _invalid(message: str) -> ServiceError:
+    return ServiceError(ErrorCode.INVALID_REQUEST, message)
+
+
+def _failed(message: str) -> ServiceError:
+    return ServiceError(ErrorCode.EXEC_FAILED, message)

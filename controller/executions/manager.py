@@ -1,0 +1,428 @@
+"""Executions in a claimed runner, on Nomad's allocation exec of its runner task.
+
+A waited execution runs within its request and answers with its exit code and output.
+A streamed one is created by its request and runs when its WebSocket opens (within
+CONNECT_WITHIN_SECONDS, once); the API's stream route drives it (execution_routes.py).
+Either way an execution ends in exactly one way:
+
+- `exit`: the command exited (code 137, SIGKILL, is first checked against the claim and
+  the allocation: a container killed for memory or stopped is a lost runner, `error`);
+- `timeout`: its time limit passed; `cancelled`: its client went away. Both kill the
+  command's process group from a second exec (commands.py) and wait KILL_GRACE_SECONDS
+  for the exec to end; if it does not, the runner is retired (a `retired` tombstone);
+- `error`: the runner's claim ended (released, expired, lost: Activity stops it), or
+  Nomad refused or broke the exec.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
+
+from controller.claims.service import ClaimService
+from controller.engine.engine import Engine
+from controller.errors import ErrorCode, ServiceError
+from controller.executions.activity import Activity, Target, ended_message
+from controller.executions.commands import (
+    InvalidValue,
+    PidMarker,
+    execution_command,
+    kill_command,
+    working_dir,
+)
+from controller.metrics import Metrics
+from controller.nomad.client import NomadClient
+from controller.nomad.errors import NomadError, NomadUnavailable
+from controller.nomad.exec import ExecError, ExecSession, NomadExec
+from controller.nomad.jobs import TASK_NAME
+
+log = logging.getLogger(__name__)
+
+EXECUTION_ID_BYTES = 24  # 192 random bits: the stream route's credential
+CONNECT_WITHIN_SECONDS = 30.0
+KILL_GRACE_SECONDS = 3.0
+WAITED_OUTPUT_LIMIT = 1024 * 1024  # bytes per stream
+SIGKILL_EXIT = 128 + 9
+TERMINAL_SIZE = (24, 80)  # rows, columns: what a terminal opens with
+STOP_WAIT_SECONDS = 5.0
+
+
+class Ending(StrEnum):
+    EXIT = "exit"
+    TIMEOUT = "timeout"
+    ERROR = "error"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    ending: Ending
+    exit_code: int | None = None
+    message: str = ""
+    nomad_unavailable: bool = False  # the exec could not even reach Nomad
+
+
+@dataclass(frozen=True)
+class ExecutionRequest:
+    command: str | Sequence[str]
+    env: Mapping[str, str] = field(default_factory=dict)
+    working_dir: str | None = None
+    time_limit_seconds: int | None = None
+    tty: bool = False
+    privileged: bool | None = None  # None: true unless the pool has an unprivileged wrapper
+    stdin: str | None = None
+
+
+class OutputSink(Protocol):
+    async def output(self, stream: str, data: bytes) -> None: ...
+
+
+class WaitedOutput:
+    """A waited execution's output, at most WAITED_OUTPUT_LIMIT bytes per stream."""
+
+    def __init__(self, limit: int = WAITED_OUTPUT_LIMIT) -> None:
+        self.limit = limit
+        self.streams = {"stdout": bytearray(), "stderr": bytearray()}
+        self.truncated = False
+
+    async def output(self, stream: str, data: bytes) -> None:
+        kept = self.streams[stream]
+        room = self.limit - len(kept)
+        if len(data) > room:
+            self.truncated = True
+        kept += data[: max(room, 0)]
+
+    def text(self, stream: str) -> str:
+        return self.streams[stream].decode("utf-8", "replace")
+
+
+@dataclass
+class Prepared:
+    """An execution checked and ready to run (a streamed one waits for its socket)."""
+
+    id: str
+    target: Target
+    argv: list[str]
+    tty: bool
+    time_limit_seconds: int
+    stdin: bytes | None
+
+
+class Execution:
+    """One running execution; `stop` and `cancel` end it from outside."""
+
+    def __init__(self, manager: ExecutionManager, prepared: Prepared) -> None:
+        self._manager = manager
+        self.prepared = prepared
+        # stdin for the command: bytes, then None for its end (sent once the launcher runs)
+        self.input: asyncio.Queue[bytes | None] = asyncio.Queue()
+        if prepared.stdin:
+            self.input.put_nowait(prepared.stdin)
+        self._halted: asyncio.Future[tuple[Ending, str]] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self.done = asyncio.Event()
+        self.started_at = time.monotonic()
+
+    @property
+    def runner_id(self) -> str:
+        return self.prepared.target.record.runner_id
+
+    def stop(self, message: str) -> None:
+        """End with `error` (the runner's claim ended)."""
+        self._halt(Ending.ERROR, message)
+
+    def cancel(self) -> None:
+        """The client went away: kill the command."""
+        self._halt(Ending.CANCELLED, "")
+
+    def _halt(self, ending: Ending, message: str) -> None:
+        if not self._halted.done():
+            self._halted.set_result((ending, message))
+
+    @property
+    def seconds(self) -> float:
+        """How long it has run."""
+        return time.monotonic() - self.started_at
+
+    async def run(self, sink: OutputSink) -> Outcome:
+        try:
+            outcome = await self._run(sink)
+        finally:
+            self._manager.finished(self)
+        self._manager.count(self, outcome)
+        return outcome
+
+    async def _run(self, sink: OutputSink) -> Outcome:
+        manager, target = self._manager, self.prepared.target
+        if self._halted.done():  # stopped before it started
+            return self._outcome_of_halt()
+        try:
+            await manager.activity.touch(target)  # starting is activity
+            async with manager.exec.session(
+                target.record.allocation_id,
+                TASK_NAME,
+                self.prepared.argv,
+                namespace=target.record.namespace,
+                tty=self.prepared.tty,
+            ) as session:
+                return await self._drive(session, sink)
+        except ServiceError as error:  # the claim is gone, or Nomad did not answer
+            if error.code is ErrorCode.RUNNER_GONE:
+                return Outcome(Ending.ERROR, message=ended_message(error))
+            return Outcome(Ending.ERROR, message=error.message, nomad_unavailable=True)
+        except NomadUnavailable as error:
+            return Outcome(Ending.ERROR, message=str(error), nomad_unavailable=True)
+        except ExecError as error:  # refused before the upgrade
+            message = await manager.activity.explain_failure(target, error)
+            return Outcome(Ending.ERROR, message=message)
+
+    async def _drive(self, session: ExecSession, sink: OutputSink) -> Outcome:
+        if self.prepared.tty:  # a terminal of no size would have programs wrap at column 0
+            await session.resize(*TERMINAL_SIZE)
+        marker = PidMarker()
+        launched = asyncio.Event()
+        opened = time.monotonic()
+        pump = asyncio.create_task(self._pump(session, sink, marker, launched))
+        feeder = asyncio.create_task(self._feed(session, launched))
+        limit = self.prepared.time_limit_seconds
+        deadline = asyncio.get_running_loop().call_later(limit, self._halt, Ending.TIMEOUT, "")
+        try:
+            first: set[asyncio.Future[Any]] = {pump, self._halted}
+            await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
+            if not self._halted.done():
+                return await self._ended(session, pump, time.monotonic() - opened >= limit)
+            ending, message = self._halted.result()
+            if ending is Ending.ERROR or pump.done():
+                return Outcome(ending, message=message)
+            await self._manager.kill(self.prepared.target, marker.pid)
+            await asyncio.wait({pump}, timeout=KILL_GRACE_SECONDS)
+            if not pump.done():
+                await self._manager.retire(self, f"the command did not stop after its {ending}")
+            return Outcome(ending)
+        finally:
+            deadline.cancel()
+            for task in (pump, feeder):
+                task.cancel()
+            await asyncio.gather(pump, feeder, return_exceptions=True)
+
+    def _outcome_of_halt(self) -> Outcome:
+        ending, message = self._halted.result()
+        return Outcome(ending, message=message)
+
+    async def _ended(self, session: ExecSession, pump: asyncio.Task[None], late: bool) -> Outcome:
+        """The exec ended by itself: the command's exit, or Nomad's failure."""
+        target = self.prepared.target
+        error = pump.exception()
+        if isinstance(error, ExecError):
+            message = await self._manager.activity.explain_failure(target, error)
+            return Outcome(Ending.ERROR, message=message)
+        if error is not None:
+            raise error
+        code = session.exit_code
+        if code == SIGKILL_EXIT:
+            lost = await self._manager.activity.why_lost(target)
+            if lost is not None:
+                return Outcome(Ending.ERROR, message=lost)
+            if late:  # the task's own `timeout` killed it before our timer fired
+                return Outcome(Ending.TIMEOUT)
+        return Outcome(Ending.EXIT, exit_code=code)
+
+    async def _pump(
+        self, session: ExecSession, sink: OutputSink, marker: PidMarker, launched: asyncio.Event
+    ) -> None:
+        async for output in session.output():
+            data = output.data
+            if output.stream == "stdout" and not marker.done:
+                data = marker.feed(data)
+                if marker.done:
+                    launched.set()
+            if data:
+                await sink.output(output.stream, data)
+
+    async def _feed(self, session: ExecSession, launched: asyncio.Event) -> None:
+        # After the launcher's PID: a terminal would otherwise echo input before it.
+        await launched.wait()
+        try:
+            while (data := await self.input.get()) is not None:
+                await session.send(data)
+            await session.close_stdin()
+        except ExecError:
+            pass  # the exec ended; the pump reports how
+
+
+class ExecutionManager:
+    def __init__(
+        self,
+        engine: Engine,
+        claims: ClaimService,
+        nomad: NomadClient,
+        exec_client: NomadExec,
+        metrics: Metrics,
+    ) -> None:
+        self.claims = claims
+        self.exec = exec_client
+        self.metrics = metrics
+        self.activity = Activity(claims, engine, nomad)
+        self._pending: dict[str, tuple[Prepared, asyncio.TimerHandle]] = {}
+        self._running: set[Execution] = set()
+
+    # ---- the API's calls ------------------------------------------------------------------
+
+    async def run_waited(self, runner_id: str, request: ExecutionRequest) -> dict[str, Any]:
+        """Run to the end; the answer of `wait: true`."""
+        check = self._checked(runner_id, request)
+        target = await self.activity.live(runner_id)
+        execution = self.start(self._prepare(target, request, check))
+        execution.input.put_nowait(None)  # the request's stdin is all there is
+        output = WaitedOutput()
+        outcome = await execution.run(output)
+        if outcome.ending is Ending.ERROR:
+            unavailable = outcome.nomad_unavailable
+            code = ErrorCode.NOMAD_UNAVAILABLE if unavailable else ErrorCode.EXEC_FAILED
+            raise ServiceError(code, outcome.message)
+        return {
+            "executionId": execution.prepared.id,
+            "exitCode": outcome.exit_code,
+            "stdout": output.text("stdout"),
+            "stderr": output.text("stderr"),
+            "timedOut": outcome.ending is Ending.TIMEOUT,
+            "outputTruncated": output.truncated,
+            "durationSeconds": round(execution.seconds, 3),
+        }
+
+    async def create(self, runner_id: str, request: ExecutionRequest) -> str:
+        """A streamed execution, run when its socket opens; its ID."""
+        check = self._checked(runner_id, request)
+        target = await self.activity.live(runner_id)  # it starts, and is activity, later
+        prepared = self._prepare(target, request, check)
+        expiry = asyncio.get_running_loop().call_later(
+            CONNECT_WITHIN_SECONDS, self._pending.pop, prepared.id, None
+        )
+        self._pending[prepared.id] = (prepared, expiry)
+        return prepared.id
+
+    def connect(self, runner_id: str, execution_id: str) -> Execution:
+        """The streamed execution `execution_id` of the runner, now running (counted);
+        404 for an unknown, used or stale ID, 409 past the pool's maxConcurrent."""
+        pending = self._pending.get(execution_id)
+        if pending is None or pending[0].target.record.runner_id != runner_id:
+            raise ServiceError(
+                ErrorCode.EXECUTION_NOT_FOUND,
+                "no such execution: unknown, already connected, or not connected within "
+                f"{CONNECT_WITHIN_SECONDS:g} s",
+            )
+        execution = self.start(pending[0])  # 409 leaves it pending, to be tried again
+        del self._pending[execution_id]
+        pending[1].cancel()
+        return execution
+
+    def start(self, prepared: Prepared) -> Execution:
+        target = prepared.target
+        runner_id = target.record.runner_id
+        limit = target.spec.max_concurrent
+        if self.activity.running(runner_id) >= limit:
+            raise ServiceError(
+                ErrorCode.TOO_MANY_EXECUTIONS,
+                f"runner {runner_id} already runs {limit} executions (maxConcurrent)",
+            )
+        execution = Execution(self, prepared)
+        self.activity.hold(target, execution)
+        self._running.add(execution)
+        return execution
+
+    async def close(self) -> None:
+        """The controller stops: every execution ends with an error."""
+        for _, expiry in self._pending.values():
+            expiry.cancel()
+        self._pending.clear()
+        running = list(self._running)
+        for execution in running:
+            execution.stop("the controller is stopping")
+        if running:
+            await asyncio.wait(
+                [asyncio.create_task(e.done.wait()) for e in running], timeout=STOP_WAIT_SECONDS
+            )
+        await self.activity.close()
+
+    # ---- what executions call back --------------------------------------------------------
+
+    def finished(self, execution: Execution) -> None:
+        self._running.discard(execution)
+        self.activity.let_go(execution.runner_id, execution)
+        execution.done.set()
+
+    def count(self, execution: Execution, outcome: Outcome) -> None:
+        pool = execution.prepared.target.record.pool
+        self.metrics.executions_total.labels(pool=pool, result=outcome.ending.value).inc()
+        self.metrics.execution_duration.observe(execution.seconds)
+
+    async def kill(self, target: Target, pid: int | None) -> None:
+        """SIGKILL the command's process group, from a second exec."""
+        if pid is None:
+            return  # the launcher never ran: nothing started that could be killed
+        try:
+            async with asyncio.timeout(KILL_GRACE_SECONDS):
+                async with self.exec.session(
+                    target.record.allocation_id,
+                    TASK_NAME,
+                    kill_command(pid),
+                    namespace=target.record.namespace,
+                ) as session:
+                    await session.close_stdin()
+                    async for _ in session.output():
+                        pass
+        except (NomadError, TimeoutError) as error:
+            log.warning("could not kill an execution on %s: %s", target.record.runner_id, error)
+
+    async def retire(self, execution: Execution, why: str) -> None:
+        runner_id = execution.runner_id
+        log.warning("retiring runner %s: %s", runner_id, why)
+        try:
+            await self.claims.retire(runner_id)
+        except ServiceError as error:
+            log.warning("could not retire runner %s: %s", runner_id, error.message)
+
+    # ---- checks ---------------------------------------------------------------------------
+
+    def _checked(self, runner_id: str, request: ExecutionRequest) -> tuple[list[str], int]:
+        """The argv and time limit of the request, checked against the pool's settings
+        before anything is read or written (400 InvalidRequest)."""
+        spec = self.activity.spec(runner_id)
+        limit = request.time_limit_seconds or spec.default_time_limit_seconds
+        if limit > spec.max_time_limit_seconds:
+            raise _invalid(
+                f"timeLimitSeconds {limit} exceeds the pool's maximum "
+                f"({spec.max_time_limit_seconds})"
+            )
+        wrapper = spec.unprivileged_wrapper
+        privileged = request.privileged if request.privileged is not None else not wrapper
+        try:
+            argv = execution_command(
+                request.command,
+                time_limit_seconds=limit,
+                directory=working_dir(spec.working_dir, request.working_dir),
+                env=request.env,
+                wrapper=[] if privileged else wrapper,
+            )
+        except InvalidValue as error:
+            raise _invalid(str(error)) from None
+        return argv, limit
+
+    def _prepare(
+        self, target: Target, request: ExecutionRequest, check: tuple[list[str], int]
+    ) -> Prepared:
+        argv, limit = check
+        stdin = request.stdin.encode() if request.stdin else None
+        execution_id = secrets.token_urlsafe(EXECUTION_ID_BYTES)
+        return Prepared(execution_id, target, argv, request.tty, limit, stdin)
+
+
+def _invalid(message: str) -> ServiceError:
+    return ServiceError(ErrorCode.INVALID_REQUEST, message)
