@@ -18,10 +18,11 @@ from typing import Any
 
 import aiohttp
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.support.documents import pool_doc
+from tests.support.fuzzing import against_live_service
 
 from .conftest import TOKEN, Harness, write_pools
 from .executions_support import Runner, Stream, claimed_runner
@@ -96,12 +97,6 @@ BAD_EXECUTIONS = [
 ]
 
 
-@pytest.mark.parametrize("body", BAD_EXECUTIONS, ids=[repr(b[:40]) for b in BAD_EXECUTIONS])
-async def test_bad_execution_bodies_are_400(runner: Runner, body: bytes) -> None:
-    status, answer = await check(runner, "POST", "/executions", body)
-    assert (status, answer["error"]["code"]) == (400, "InvalidRequest"), answer
-
-
 async def test_huge_commands(runner: Runner) -> None:
     # Past the API's 64 KiB: 413, nothing written.
     body = json.dumps({"command": "echo " + "a" * 70_000, "wait": True}).encode()
@@ -136,26 +131,31 @@ BAD_UPLOADS = [
 ]
 
 
-@pytest.mark.parametrize("body", BAD_UPLOADS, ids=[repr(b[:40]) for b in BAD_UPLOADS])
-async def test_bad_upload_bodies_are_400(runner: Runner, body: bytes) -> None:
-    status, answer = await check(runner, "PUT", "/files", body)
-    assert (status, answer["error"]["code"]) == (400, "InvalidRequest"), answer
+BAD_QUERIES = [
+    "/files?recursive=maybe",
+    "/files?path=../x",
+    "/files?path=%00",
+    "/files/content",
+    "/files/content?path=",
+    "/files/content?path=.",
+    "/files/content?path=../../etc/passwd",
+]
+BAD_REQUESTS: list[tuple[str, str, bytes | None]] = [
+    *(("POST", "/executions", body) for body in BAD_EXECUTIONS),
+    *(("PUT", "/files", body) for body in BAD_UPLOADS),
+    *(("GET", query, None) for query in BAD_QUERIES),
+]
 
 
 @pytest.mark.parametrize(
-    "suffix",
-    [
-        "/files?recursive=maybe",
-        "/files?path=../x",
-        "/files?path=%00",
-        "/files/content",
-        "/files/content?path=",
-        "/files/content?path=.",
-        "/files/content?path=../../etc/passwd",
-    ],
+    ("method", "suffix", "body"),
+    BAD_REQUESTS,
+    ids=[f"{method} {suffix} {(body or b'')[:40]!r}" for method, suffix, body in BAD_REQUESTS],
 )
-async def test_bad_file_queries_are_400(runner: Runner, suffix: str) -> None:
-    status, answer = await check(runner, "GET", suffix, None)
+async def test_bad_requests_are_400_and_write_nothing(
+    runner: Runner, method: str, suffix: str, body: bytes | None
+) -> None:
+    status, answer = await check(runner, method, suffix, body)
     assert (status, answer["error"]["code"]) == (400, "InvalidRequest"), answer
 
 
@@ -235,11 +235,7 @@ upload_bodies = st.fixed_dictionaries(
 
 
 @pytest.mark.slow
-@settings(
-    max_examples=80,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@against_live_service(max_examples=80)
 @given(
     route=st.sampled_from([("POST", "/executions"), ("PUT", "/files")]),
     body=st.one_of(execution_bodies, upload_bodies, json_values).map(json.dumps),
