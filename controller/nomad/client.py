@@ -31,7 +31,7 @@ import logging
 import random
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -119,23 +119,17 @@ def tls_connector(config: NomadConfig, limit: int = 100) -> aiohttp.TCPConnector
     return aiohttp.TCPConnector(limit=limit, ssl=context if context is not None else False)
 
 
+@dataclass
 class NomadSession:
     """The aiohttp session to Nomad, opened at first use, as every connection to it is
     made: `config`'s TLS settings, the token only in X-Nomad-Token, a User-Agent naming
     this process."""
 
-    def __init__(
-        self,
-        config: NomadConfig,
-        max_connections: int,
-        timeout: aiohttp.ClientTimeout,
-        user_agent: str,
-    ) -> None:
-        self._config = config
-        self._max_connections = max_connections
-        self._timeout = timeout
-        self._user_agent = user_agent
-        self._session: aiohttp.ClientSession | None = None
+    _config: NomadConfig
+    _max_connections: int
+    _timeout: aiohttp.ClientTimeout
+    _user_agent: str
+    _session: aiohttp.ClientSession | None = field(default=None, init=False)
 
     def get(self) -> aiohttp.ClientSession:
         if self._session is None:

@@ -163,14 +163,11 @@ async def test_stream_urls_reused_or_guessed_are_404(runner: Runner) -> None:
     status, created = await check(runner, "POST", "/executions", b'{"command": "true"}')
     assert status == 201, created
     url = created["streamUrl"]
-    stream = await Stream.open(url)
-    try:
+    async with await Stream.open(url) as stream:
         # No --exec local: the exec fails, after the start frame, as an error frame.
         assert (await stream.next()) == {"type": "start"}
         end = await stream.to_end()
         assert end["type"] == "error" and "--exec local" in end["message"]
-    finally:
-        await stream.close()
     base = url.rsplit("/executions/", 1)[0]
     other = base.replace(runner.id, runner.id[:-1] + ("0" if runner.id[-1] != "0" else "1"))
     _, fresh = await check(runner, "POST", "/executions", b'{"command": "true"}')
@@ -185,8 +182,8 @@ async def test_stream_urls_reused_or_guessed_are_404(runner: Runner) -> None:
             await Stream.open(target)
         assert refused.value.status == 404, target
     # The untouched one still opens, with a wrong bearer token even: the ID is the credential.
-    stream = await Stream.open(fresh["streamUrl"], headers={"Authorization": "Bearer wrong"})
-    await stream.close()
+    async with await Stream.open(fresh["streamUrl"], headers={"Authorization": "Bearer wrong"}):
+        pass
 
 
 async def test_the_stream_route_wants_a_websocket(runner: Runner) -> None:
@@ -194,8 +191,8 @@ async def test_the_stream_route_wants_a_websocket(runner: Runner) -> None:
     suffix = f"/executions/{created['executionId']}/stream"
     status, answer = await check(runner, "GET", suffix, None)
     assert (status, answer["error"]["code"]) == (400, "InvalidRequest"), answer
-    stream = await Stream.open(created["streamUrl"])  # not used up by the refusal
-    await stream.close()
+    async with await Stream.open(created["streamUrl"]):  # not used up by the refusal
+        pass
 
 
 json_values = st.recursive(
