@@ -32,6 +32,9 @@ WEIGHTS: dict[str, int] = {
     "second_controller": 2,
 }
 FAULT_KINDS: tuple[str, ...] = tuple(WEIGHTS)
+# The SIGTERMed holder of the rehearsal comes back only once the handover has happened.
+REHEARSAL_RESTART_SECONDS = 3.0
+REHEARSED = frozenset({"second_controller", "sigterm"})
 # Faults that happen at an instant. Every other one has a duration: it is switched off
 # after it (and at the end of the window anyway).
 INSTANT = frozenset(
@@ -112,11 +115,13 @@ def make_schedule(seed: int, minutes: float, profile: Profile) -> list[Round]:
     for index in range(rounds):
         count = rng.randint(*profile.faults_per_window)
         chosen = rng.choices(kinds, weights, k=count)
-        # Every run restarts the controller and starts the second one at least once.
-        for required in ("sigkill", "second_controller") if index == 0 else ():
-            if required not in chosen:
-                chosen.append(required)
+        # Every run restarts the controller at least once, and rehearses a handover (the
+        # rehearsal is the first round's only second controller and SIGTERM).
         events = []
+        if index == 0:
+            chosen = [k for k in chosen if k not in REHEARSED]
+            chosen += [] if "sigkill" in chosen else ["sigkill"]
+            events = _handover_rehearsal(rng, window)
         for kind in chosen:
             at = rng.uniform(0.5, window * 0.85)
             # The second controller may outlive a takeover (2 x TTL + delay after the
@@ -143,3 +148,16 @@ def make_schedule(seed: int, minutes: float, profile: Profile) -> list[Round]:
         events.sort(key=lambda e: e.at)
         schedule.append(Round(index, tuple(events)))
     return schedule
+
+
+def _handover_rehearsal(rng: random.Random, window: float) -> list[FaultEvent]:
+    """The first round starts the second controller early, for the rest of the window,
+    and SIGTERMs the holder a few seconds later. The second one must take every pool's
+    lease at once (the handover is timed), write the pools as their holder while the first
+    one, restarted, waits, and give them back when it is SIGKILLed at the window's end.
+    Left to chance, the two rarely overlap with a SIGTERM."""
+    start = rng.uniform(0.5, 2.0)
+    return [
+        FaultEvent(start, "second_controller", rng.random(), window - start, 0.0),
+        FaultEvent(start + 3.0, "sigterm", rng.random(), 0.0, REHEARSAL_RESTART_SECONDS),
+    ]
