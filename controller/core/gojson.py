@@ -44,9 +44,20 @@ class GoSlice:
         return "[]" + _type_name(self.item)
 
 
+@dataclass(frozen=True)
+class GoMap:
+    """A Go map from strings to another type (an object in JSON; null is nil)."""
+
+    value: GoType
+
+    @property
+    def name(self) -> str:
+        return "map[string]" + _type_name(self.value)
+
+
 # A basic kind ("string", "bool", "int", "int32", "uint", "uint16", "[]uint8" from
-# base64), a struct or a slice.
-GoType = str | GoStruct | GoSlice
+# base64), a struct, a slice or a map.
+GoType = str | GoStruct | GoSlice | GoMap
 
 
 def _type_name(kind: GoType) -> str:
@@ -180,6 +191,13 @@ def _decode(value: Any, kind: GoType, struct: GoStruct, where: str) -> Any:
             _zero(kind.item) if item is None else _decode(item, kind.item, struct, where)
             for item in value
         ]
+    if isinstance(kind, GoMap):
+        if not isinstance(value, dict):
+            raise _type_error(value, struct, where, kind.name)
+        return {
+            key: _zero(kind.value) if item is None else _decode(item, kind.value, struct, where)
+            for key, item in value.items()
+        }
     return _scalar(value, kind, struct, where)
 
 

@@ -112,6 +112,7 @@ class Prepared:
     tty: bool
     time_limit_seconds: int
     stdin: bytes | None
+    keeps_claim: bool = True  # the claim is kept alive while it runs (Activity.hold)
 
 
 class Execution:
@@ -297,13 +298,22 @@ class ExecutionManager:
             "durationSeconds": round(execution.seconds, 3),
         }
 
-    async def create(self, runner_id: str, request: ExecutionRequest) -> str:
-        """A streamed execution, run when its socket opens; its ID."""
+    async def create(
+        self,
+        runner_id: str,
+        request: ExecutionRequest,
+        *,
+        connect_within: float = CONNECT_WITHIN_SECONDS,
+        keeps_claim: bool = True,
+    ) -> str:
+        """A streamed execution, run when its socket opens within `connect_within`
+        seconds; its ID. `keeps_claim`: the claim is kept alive while it runs."""
         check = self._checked(runner_id, request)
         target = await self.activity.live(runner_id)  # it starts, and is activity, later
         prepared = self._prepare(target, request, check)
+        prepared.keeps_claim = keeps_claim
         expiry = asyncio.get_running_loop().call_later(
-            CONNECT_WITHIN_SECONDS, self._pending.pop, prepared.id, None
+            connect_within, self._pending.pop, prepared.id, None
         )
         self._pending[prepared.id] = (prepared, expiry)
         return prepared.id
@@ -315,8 +325,7 @@ class ExecutionManager:
         if pending is None or pending[0].target.record.runner_id != runner_id:
             raise ServiceError(
                 ErrorCode.EXECUTION_NOT_FOUND,
-                "no such execution: unknown, already connected, or not connected within "
-                f"{CONNECT_WITHIN_SECONDS:g} s",
+                "no such execution: unknown, already connected, or not connected in time",
             )
         execution = self.start(pending[0])  # 409 leaves it pending, to be tried again
         del self._pending[execution_id]
@@ -333,7 +342,7 @@ class ExecutionManager:
                 f"runner {runner_id} already runs {limit} executions (maxConcurrent)",
             )
         execution = Execution(self, prepared)
-        self.activity.hold(target, execution)
+        self.activity.hold(target, execution, keep_alive=prepared.keeps_claim)
         self._running.add(execution)
         return execution
 

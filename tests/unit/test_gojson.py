@@ -6,6 +6,7 @@ import pytest
 
 from controller.core.gojson import (
     GoJSONError,
+    GoMap,
     GoSlice,
     GoStruct,
     decode_struct,
@@ -87,6 +88,21 @@ ENVIRONMENT = GoStruct(
     "dto.ExecutionEnvironmentRequest",
     {"prewarmingPoolSize": "uint", "exposedPorts": GoSlice("uint16"), "copy": GoSlice(FILE)},
 )
+
+
+EXECUTION = GoStruct("dto.ExecutionRequest", {"environment": GoMap("string")})
+
+
+def test_maps_of_strings() -> None:
+    assert decode_struct("{}", EXECUTION) == {"environment": None}
+    decoded = decode_struct('{"environment": {"A": "1", "B": null}}', EXECUTION)
+    assert decoded == {"environment": {"A": "1", "B": ""}}
+    with pytest.raises(GoJSONError) as refused:
+        decode_struct('{"environment": ["A=1"]}', EXECUTION)
+    assert refused.value.message == (
+        "json: cannot unmarshal array into Go struct field ExecutionRequest.environment "
+        "of type map[string]string"
+    )
 
 
 def test_unsigned_integers_slices_and_their_zero_values() -> None:
