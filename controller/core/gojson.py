@@ -229,9 +229,17 @@ def _base64(text: str) -> bytes:
         group = chars[start : start + 4]
         for j, (i, ch) in enumerate(group):
             if ch == "=":
-                padding = "".join(c for _, c in chars[start + j :])
-                if j < 2 or padding != "=" * (4 - j):
+                rest = chars[start + j + 1 :]
+                if j < 2:
                     raise GoJSONError(f"illegal base64 data at input byte {i}")
+                if j == 2:  # a second "=" must follow
+                    if not rest:
+                        raise GoJSONError(f"illegal base64 data at input byte {len(text)}")
+                    if rest[0][1] != "=":
+                        raise GoJSONError(f"illegal base64 data at input byte {i}")
+                    rest = rest[1:]
+                if rest:  # anything after the padding
+                    raise GoJSONError(f"illegal base64 data at input byte {rest[0][0]}")
                 break
             if ch not in _BASE64:
                 raise GoJSONError(f"illegal base64 data at input byte {i}")

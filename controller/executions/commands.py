@@ -37,6 +37,7 @@ PID_MARK = b"\x1e"
 _MARKER_LIMIT = 16
 
 # Exit codes the file scripts use to say what went wrong before any output.
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"  # of an execution's env variables
 EXIT_MISSING = 3
 EXIT_NOT_REGULAR = 4
 EXIT_NO_WORKING_DIR = 125

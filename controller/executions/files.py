@@ -50,6 +50,7 @@ OPERATION_SECONDS = 300.0
 LISTING_LIMIT = 16 * 1024 * 1024  # bytes of `find` output
 STDERR_LIMIT = 4096  # of a failed command, for the error message
 FIND_PARTIAL = 1  # find's exit code when some entries could not be read
+MAX_DELETE_BYTES = 64 * 1024  # of an upload's paths to delete: they travel in the exec's URL
 
 
 @dataclass(frozen=True)

@@ -321,16 +321,24 @@ class ExecutionManager:
     def connect(self, runner_id: str, execution_id: str) -> Execution:
         """The streamed execution `execution_id` of the runner, now running (counted);
         404 for an unknown, used or stale ID, 409 past the pool's maxConcurrent."""
+        pending = self._waiting(runner_id, execution_id)
+        execution = self.start(pending[0])  # 409 leaves it pending, to be tried again
+        del self._pending[execution_id]
+        pending[1].cancel()
+        return execution
+
+    def expect(self, runner_id: str, execution_id: str) -> None:
+        """404 unless `connect` would find the execution (it may still be refused 409)."""
+        self._waiting(runner_id, execution_id)
+
+    def _waiting(self, runner_id: str, execution_id: str) -> tuple[Prepared, asyncio.TimerHandle]:
         pending = self._pending.get(execution_id)
         if pending is None or pending[0].target.record.runner_id != runner_id:
             raise ServiceError(
                 ErrorCode.EXECUTION_NOT_FOUND,
                 "no such execution: unknown, already connected, or not connected in time",
             )
-        execution = self.start(pending[0])  # 409 leaves it pending, to be tried again
-        del self._pending[execution_id]
-        pending[1].cancel()
-        return execution
+        return pending
 
     def start(self, prepared: Prepared) -> Execution:
         target = prepared.target

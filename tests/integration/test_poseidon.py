@@ -17,7 +17,7 @@ import pytest
 
 from controller.core.runner_ids import META_POOL
 from controller.lab.simulator import SimServer
-from controller.poseidon.app import EnvironmentMode, PoseidonSettings
+from controller.poseidon.context import EnvironmentMode, PoseidonSettings
 from controller.standalone import Controller
 from tests.support.documents import pool_doc
 from tests.support.waiting import wait_until

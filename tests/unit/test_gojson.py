@@ -61,6 +61,10 @@ def test_decoding_fills_zero_values_matches_keys_loosely_and_reads_one_value() -
         ('{"stdin": {"data": "a!=="}}', "illegal base64 data at input byte 1"),
         ('{"stdin": {"data": "abcde"}}', "illegal base64 data at input byte 4"),
         ('{"stdin": {"data": "a==="}}', "illegal base64 data at input byte 1"),
+        ('{"stdin": {"data": "aGk=x"}}', "illegal base64 data at input byte 4"),
+        ('{"stdin": {"data": "aG==x"}}', "illegal base64 data at input byte 4"),
+        ('{"stdin": {"data": "aG=x"}}', "illegal base64 data at input byte 2"),
+        ('{"stdin": {"data": "aG="}}', "illegal base64 data at input byte 3"),
     ],
 )
 def test_errors_read_as_go_writes_them(raw: str, message: str) -> None:
