@@ -25,6 +25,7 @@ from .test_poseidon import (
     MANAGED,
     NO_RUNNER,
     OVERLOAD,
+    Answer,
     CodeOcean,
     after_passes,
     environment_pool,
@@ -74,10 +75,10 @@ class Session:
         assert answer.status == 200, answer
         return cls(codeocean, answer.json()["runnerId"])
 
-    async def copy(self, **body: Any) -> Any:
+    async def copy(self, **body: Any) -> Answer:
         return await self.codeocean.call("PATCH", self.path + "/files", body)
 
-    async def execute(self, command: str, time_limit: int = 60, **fields: Any) -> Any:
+    async def execute(self, command: str, time_limit: int = 60, **fields: Any) -> Answer:
         body = {"command": command, "timeLimit": time_limit, "privilegedExecution": False}
         return await self.codeocean.call("POST", self.path + "/execute", {**body, **fields})
 
@@ -87,7 +88,7 @@ class Session:
         assert answer.status == 200, answer
         return await Stream.open(answer.json()["websocketUrl"], headers={"Poseidon-Token": TOKEN})
 
-    async def files(self, **params: str) -> Any:
+    async def files(self, **params: str) -> Answer:
         return await self.codeocean.call("GET", self.path + "/files", params=params)
 
 
