@@ -31,7 +31,7 @@ import logging
 import random
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -119,18 +119,34 @@ def tls_connector(config: NomadConfig, limit: int = 100) -> aiohttp.TCPConnector
     return aiohttp.TCPConnector(limit=limit, ssl=context if context is not None else False)
 
 
-def nomad_session(
-    config: NomadConfig, max_connections: int, timeout: aiohttp.ClientTimeout, user_agent: str
-) -> aiohttp.ClientSession:
-    """An aiohttp session to Nomad, as every connection to it is made: `config`'s TLS
-    settings, the token only in X-Nomad-Token, a User-Agent naming this process."""
-    token = config.token
-    return aiohttp.ClientSession(
-        config.address,
-        connector=tls_connector(config, max_connections),
-        headers={"User-Agent": user_agent} | ({"X-Nomad-Token": token} if token else {}),
-        timeout=timeout,
-    )
+@dataclass
+class NomadSession:
+    """The aiohttp session to Nomad, opened at first use, as every connection to it is
+    made: `config`'s TLS settings, the token only in X-Nomad-Token, a User-Agent naming
+    this process."""
+
+    _config: NomadConfig
+    _max_connections: int
+    _timeout: aiohttp.ClientTimeout
+    _user_agent: str
+    _session: aiohttp.ClientSession | None = field(default=None, init=False)
+
+    def get(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            token = self._config.token
+            self._session = aiohttp.ClientSession(
+                self._config.address,
+                connector=tls_connector(self._config, self._max_connections),
+                headers={"User-Agent": self._user_agent}
+                | ({"X-Nomad-Token": token} if token else {}),
+                timeout=self._timeout,
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
 
 def report(on_request: OnRequest | None, template: str, code: str) -> None:
@@ -219,11 +235,14 @@ class NomadClient:
         if max_connections < 1 or attempts < 1 or timeout <= 0:
             raise ValueError("max_connections and attempts must be >= 1, timeout > 0")
         self._config = config
-        self._user_agent = user_agent
-        self._max_connections = max_connections
         # `connect` also bounds the wait for a free pooled connection.
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, connect=timeout, sock_connect=timeout, sock_read=timeout
+        self._sessions = NomadSession(
+            config,
+            max_connections,
+            aiohttp.ClientTimeout(
+                total=None, connect=timeout, sock_connect=timeout, sock_read=timeout
+            ),
+            user_agent,
         )
         self._close_wait = timeout
         self._on_request = on_request
@@ -232,7 +251,6 @@ class NomadClient:
         self._backoff_max = backoff_max
         self._proxy = Proxy.for_address(config.address)
         self._params: dict[str, str] = {"region": config.region} if config.region else {}
-        self._session: aiohttp.ClientSession | None = None
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -436,8 +454,7 @@ class NomadClient:
                 async with asyncio.timeout(self._close_wait):
                     await self._idle.wait()
         finally:
-            if self._session is not None:
-                await self._session.close()
+            await self._sessions.close()
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -506,13 +523,6 @@ class NomadClient:
     def _report(self, template: str, code: str) -> None:
         report(self._on_request, template, code)
 
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = nomad_session(
-                self._config, self._max_connections, self._timeout, self._user_agent
-            )
-        return self._session
-
     async def _send(
         self,
         method: str,
@@ -525,7 +535,7 @@ class NomadClient:
         """One HTTP request; Nomad's errors come back in the outcome, never raised."""
         where = f"{method} {template}"
         try:
-            async with self._http().request(
+            async with self._sessions.get().request(
                 method,
                 path,
                 params=query,

@@ -35,9 +35,9 @@ import aiohttp
 
 from controller.nomad.client import (
     DEFAULT_USER_AGENT,
+    NomadSession,
     OnRequest,
     Proxy,
-    nomad_session,
     report,
 )
 from controller.nomad.config import NomadConfig
@@ -175,14 +175,16 @@ class NomadExec:
         user_agent: str = DEFAULT_USER_AGENT,
     ) -> None:
         self._config = config
-        self._user_agent = user_agent
         self._on_request = on_request
         self._proxy = Proxy.for_address(config.address)
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, connect=connect_timeout, sock_connect=connect_timeout
+        self._sessions = NomadSession(
+            config,
+            max_connections,
+            aiohttp.ClientTimeout(
+                total=None, connect=connect_timeout, sock_connect=connect_timeout
+            ),
+            user_agent,
         )
-        self._max_connections = max_connections
-        self._session: aiohttp.ClientSession | None = None
 
     @contextlib.asynccontextmanager
     async def session(
@@ -213,7 +215,7 @@ class NomadExec:
 
     async def _connect(self, path: str, params: dict[str, str]) -> aiohttp.ClientWebSocketResponse:
         try:
-            ws = await self._http().ws_connect(
+            ws = await self._sessions.get().ws_connect(
                 path,
                 params=params,
                 proxy=self._proxy.url,
@@ -241,14 +243,5 @@ class NomadExec:
     def _report(self, code: str) -> None:
         report(self._on_request, ENDPOINT, code)
 
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = nomad_session(
-                self._config, self._max_connections, self._timeout, self._user_agent
-            )
-        return self._session
-
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self._sessions.close()

@@ -20,6 +20,7 @@ from controller.lab.simulator import SimServer, Simulator, start_sim
 from controller.nomad.config import NomadConfig
 from controller.poseidon.context import PoseidonSettings
 from controller.standalone import Controller, Settings
+from tests.integration.fake_http import Loopback
 from tests.support.waiting import wait_until
 
 TOKEN = "test-api-token"
@@ -175,3 +176,11 @@ async def harness(sim: Simulator, sim_server: SimServer, tmp_path: Path) -> Asyn
     h = Harness(sim, sim_server, tmp_path)
     yield h
     await h.close()
+
+
+@pytest.fixture
+async def loopback() -> AsyncIterator[Loopback]:
+    """Loopback servers for scripted Nomad answers, stopped after the test."""
+    servers = Loopback()
+    yield servers
+    await servers.close()

@@ -137,6 +137,12 @@ class Stream:
         await self.ws.close()
         await self.http.close()
 
+    async def __aenter__(self) -> Stream:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
 
 def pids(text: str) -> list[int]:
     """The process IDs a command printed, one per line."""

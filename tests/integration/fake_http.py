@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def multi_query(request: web.Request) -> dict[str, list[str]]:
@@ -15,11 +18,23 @@ def multi_query(request: web.Request) -> dict[str, list[str]]:
     return query
 
 
-async def serve_app(app: web.Application, runners: list[web.AppRunner], ssl_context: Any) -> str:
-    """Start `app` on a free loopback port; the caller cleans up `runners`."""
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    runners.append(runner)
-    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context).start()
-    port = runner.addresses[0][1]
-    return f"{'https' if ssl_context else 'http'}://127.0.0.1:{port}"
+class Loopback:
+    """Handlers served on free loopback ports, all stopped by `close`."""
+
+    def __init__(self) -> None:
+        self.runners: list[web.AppRunner] = []
+
+    async def serve(self, method: str, path: str, handler: Handler, ssl_context: Any = None) -> str:
+        """Serve `handler` at `method path`; the base URL it is reached at."""
+        app = web.Application()
+        app.router.add_route(method, path, handler)
+        runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await runner.setup()
+        self.runners.append(runner)
+        await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context).start()
+        port = runner.addresses[0][1]
+        return f"{'https' if ssl_context else 'http'}://127.0.0.1:{port}"
+
+    async def close(self) -> None:
+        for runner in self.runners:
+            await runner.cleanup()

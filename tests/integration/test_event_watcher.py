@@ -18,7 +18,7 @@ from aiohttp import web
 
 from controller.nomad.config import NomadConfig
 from controller.nomad.events import EventWatcher
-from tests.integration.fake_http import multi_query, serve_app
+from tests.integration.fake_http import Loopback, multi_query
 from tests.integration.test_nomad_client import make_tls, server_context
 from tests.support.waiting import wait_until
 
@@ -103,9 +103,7 @@ def status(code: int, body: str) -> Script:
 
 
 @pytest.fixture
-async def serve() -> AsyncIterator[Callable[..., Awaitable[FakeStream]]]:
-    runners: list[web.AppRunner] = []
-
+def serve(loopback: Loopback) -> Callable[..., Awaitable[FakeStream]]:
     async def start(*scripts: Script, ssl_context: Any = None) -> FakeStream:
         """Connection n gets scripts[n]; connections past the end get the last one."""
         fake = FakeStream()
@@ -121,14 +119,10 @@ async def serve() -> AsyncIterator[Callable[..., Awaitable[FakeStream]]]:
             finally:
                 fake.closed_at.append(time.monotonic())
 
-        app = web.Application()
-        app.router.add_get("/v1/event/stream", handle)
-        fake.url = await serve_app(app, runners, ssl_context)
+        fake.url = await loopback.serve("GET", "/v1/event/stream", handle, ssl_context)
         return fake
 
-    yield start
-    for runner in runners:
-        await runner.cleanup()
+    return start
 
 
 @dataclass

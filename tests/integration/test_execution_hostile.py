@@ -18,10 +18,11 @@ from typing import Any
 
 import aiohttp
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.support.documents import pool_doc
+from tests.support.fuzzing import against_live_service
 
 from .conftest import TOKEN, Harness, write_pools
 from .executions_support import Runner, Stream, claimed_runner
@@ -96,12 +97,6 @@ BAD_EXECUTIONS = [
 ]
 
 
-@pytest.mark.parametrize("body", BAD_EXECUTIONS, ids=[repr(b[:40]) for b in BAD_EXECUTIONS])
-async def test_bad_execution_bodies_are_400(runner: Runner, body: bytes) -> None:
-    status, answer = await check(runner, "POST", "/executions", body)
-    assert (status, answer["error"]["code"]) == (400, "InvalidRequest"), answer
-
-
 async def test_huge_commands(runner: Runner) -> None:
     # Past the API's 64 KiB: 413, nothing written.
     body = json.dumps({"command": "echo " + "a" * 70_000, "wait": True}).encode()
@@ -136,26 +131,31 @@ BAD_UPLOADS = [
 ]
 
 
-@pytest.mark.parametrize("body", BAD_UPLOADS, ids=[repr(b[:40]) for b in BAD_UPLOADS])
-async def test_bad_upload_bodies_are_400(runner: Runner, body: bytes) -> None:
-    status, answer = await check(runner, "PUT", "/files", body)
-    assert (status, answer["error"]["code"]) == (400, "InvalidRequest"), answer
+BAD_QUERIES = [
+    "/files?recursive=maybe",
+    "/files?path=../x",
+    "/files?path=%00",
+    "/files/content",
+    "/files/content?path=",
+    "/files/content?path=.",
+    "/files/content?path=../../etc/passwd",
+]
+BAD_REQUESTS: list[tuple[str, str, bytes | None]] = [
+    *(("POST", "/executions", body) for body in BAD_EXECUTIONS),
+    *(("PUT", "/files", body) for body in BAD_UPLOADS),
+    *(("GET", query, None) for query in BAD_QUERIES),
+]
 
 
 @pytest.mark.parametrize(
-    "suffix",
-    [
-        "/files?recursive=maybe",
-        "/files?path=../x",
-        "/files?path=%00",
-        "/files/content",
-        "/files/content?path=",
-        "/files/content?path=.",
-        "/files/content?path=../../etc/passwd",
-    ],
+    ("method", "suffix", "body"),
+    BAD_REQUESTS,
+    ids=[f"{method} {suffix} {(body or b'')[:40]!r}" for method, suffix, body in BAD_REQUESTS],
 )
-async def test_bad_file_queries_are_400(runner: Runner, suffix: str) -> None:
-    status, answer = await check(runner, "GET", suffix, None)
+async def test_bad_requests_are_400_and_write_nothing(
+    runner: Runner, method: str, suffix: str, body: bytes | None
+) -> None:
+    status, answer = await check(runner, method, suffix, body)
     assert (status, answer["error"]["code"]) == (400, "InvalidRequest"), answer
 
 
@@ -163,14 +163,11 @@ async def test_stream_urls_reused_or_guessed_are_404(runner: Runner) -> None:
     status, created = await check(runner, "POST", "/executions", b'{"command": "true"}')
     assert status == 201, created
     url = created["streamUrl"]
-    stream = await Stream.open(url)
-    try:
+    async with await Stream.open(url) as stream:
         # No --exec local: the exec fails, after the start frame, as an error frame.
         assert (await stream.next()) == {"type": "start"}
         end = await stream.to_end()
         assert end["type"] == "error" and "--exec local" in end["message"]
-    finally:
-        await stream.close()
     base = url.rsplit("/executions/", 1)[0]
     other = base.replace(runner.id, runner.id[:-1] + ("0" if runner.id[-1] != "0" else "1"))
     _, fresh = await check(runner, "POST", "/executions", b'{"command": "true"}')
@@ -185,8 +182,8 @@ async def test_stream_urls_reused_or_guessed_are_404(runner: Runner) -> None:
             await Stream.open(target)
         assert refused.value.status == 404, target
     # The untouched one still opens, with a wrong bearer token even: the ID is the credential.
-    stream = await Stream.open(fresh["streamUrl"], headers={"Authorization": "Bearer wrong"})
-    await stream.close()
+    async with await Stream.open(fresh["streamUrl"], headers={"Authorization": "Bearer wrong"}):
+        pass
 
 
 async def test_the_stream_route_wants_a_websocket(runner: Runner) -> None:
@@ -194,8 +191,8 @@ async def test_the_stream_route_wants_a_websocket(runner: Runner) -> None:
     suffix = f"/executions/{created['executionId']}/stream"
     status, answer = await check(runner, "GET", suffix, None)
     assert (status, answer["error"]["code"]) == (400, "InvalidRequest"), answer
-    stream = await Stream.open(created["streamUrl"])  # not used up by the refusal
-    await stream.close()
+    async with await Stream.open(created["streamUrl"]):  # not used up by the refusal
+        pass
 
 
 json_values = st.recursive(
@@ -235,11 +232,7 @@ upload_bodies = st.fixed_dictionaries(
 
 
 @pytest.mark.slow
-@settings(
-    max_examples=80,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@against_live_service(max_examples=80)
 @given(
     route=st.sampled_from([("POST", "/executions"), ("PUT", "/files")]),
     body=st.one_of(execution_bodies, upload_bodies, json_values).map(json.dumps),

@@ -91,8 +91,7 @@ async def test_a_waited_time_limit_kills_the_process(runner: Runner) -> None:
 
 
 async def test_a_stream_echoes_stdin_and_ends_with_exit(runner: Runner) -> None:
-    stream = await runner.stream(command=["cat"])
-    try:
+    async with await runner.stream(command=["cat"]) as stream:
         assert await stream.next() == {"type": "start"}
         await stream.send({"type": "stdin", "data": "héllo\n"})
         await stream.output_until("héllo\n")
@@ -100,46 +99,36 @@ async def test_a_stream_echoes_stdin_and_ends_with_exit(runner: Runner) -> None:
         await stream.send({"type": "stdinClose"})
         assert await stream.to_end() == {"type": "exit", "exitCode": 0}
         assert stream.output() == "héllo\nagain\n"
-    finally:
-        await stream.close()
 
 
 async def test_output_streams_as_it_comes(runner: Runner) -> None:
-    stream = await runner.stream(command='echo first; read answer; echo "second $answer"; exit 5')
-    try:
+    async with await runner.stream(
+        command='echo first; read answer; echo "second $answer"; exit 5'
+    ) as stream:
         # The command waits for input: this line came while it was still running.
         await stream.output_until("first\n")
         await stream.send({"type": "stdin", "data": "now\n"})
         assert await stream.to_end() == {"type": "exit", "exitCode": 5}
         assert stream.output() == "first\nsecond now\n"
-    finally:
-        await stream.close()
 
 
 async def test_stderr_and_a_terminal(runner: Runner) -> None:
-    stream = await runner.stream(command="echo oops >&2")
-    try:
+    async with await runner.stream(command="echo oops >&2") as stream:
         assert await stream.to_end() == {"type": "exit", "exitCode": 0}
         assert stream.output("stderr") == "oops\n"
-    finally:
-        await stream.close()
     command = "read x; echo got $x; stty size"
-    stream = await runner.stream(command=command, tty=True, stdin="hi\n")
-    try:
+    async with await runner.stream(command=command, tty=True, stdin="hi\n") as stream:
         assert await stream.to_end() == {"type": "exit", "exitCode": 0}
         # A terminal echoes the input and ends lines in CRLF; it has a size.
         assert stream.output() == "hi\r\ngot hi\r\n24 80\r\n"
-    finally:
-        await stream.close()
 
 
 async def test_a_time_limit_ends_with_timeout_and_the_process_is_gone(runner: Runner) -> None:
-    stream = await runner.stream(command="echo $$; sleep 60 & echo $!; wait", timeLimitSeconds=1)
-    try:
+    async with await runner.stream(
+        command="echo $$; sleep 60 & echo $!; wait", timeLimitSeconds=1
+    ) as stream:
         started = await stream.pids(2)
         assert await stream.to_end() == {"type": "timeout"}
-    finally:
-        await stream.close()
     await gone(*started)
     status, _ = await runner.api("GET", "")
     assert status == 200  # the runner stays usable
@@ -162,12 +151,11 @@ async def test_a_client_that_goes_away_kills_the_process(runner: Runner) -> None
 async def test_a_process_that_outlives_its_limit_retires_the_runner(runner: Runner) -> None:
     # A new session escapes the process group the limit kills, and holds stdout open,
     # so the exec does not end: 3 s later the runner is retired.
-    stream = await runner.stream(command="setsid sleep 30 & echo $!; wait", timeLimitSeconds=1)
-    try:
+    async with await runner.stream(
+        command="setsid sleep 30 & echo $!; wait", timeLimitSeconds=1
+    ) as stream:
         [escaped] = await stream.pids(1)
         assert await stream.to_end() == {"type": "timeout"}
-    finally:
-        await stream.close()
     status, body = await runner.api("GET", "")
     assert (status, body["error"]["reason"]) == (410, "Retired")
     assert alive(escaped)  # what nothing could kill; the test's own cleanup does
@@ -178,11 +166,8 @@ async def test_a_process_that_outlives_its_limit_retires_the_runner(runner: Runn
 async def test_a_stream_url_works_once(runner: Runner) -> None:
     status, created = await runner.api("POST", "/executions", {"command": "true"})
     assert status == 201
-    stream = await Stream.open(created["streamUrl"])
-    try:
+    async with await Stream.open(created["streamUrl"]) as stream:
         assert await stream.to_end() == {"type": "exit", "exitCode": 0}
-    finally:
-        await stream.close()
     with pytest.raises(aiohttp.WSServerHandshakeError) as again:
         await Stream.open(created["streamUrl"])
     assert again.value.status == 404
@@ -192,16 +177,13 @@ async def test_concurrent_executions_are_limited(harness: Harness, tmp_path: Pat
     controller = await start(harness, tmp_path, executions={"maxConcurrent": 1})
     runner = await claimed_runner(harness, controller)
     _, waiting = await runner.api("POST", "/executions", {"command": "true"})  # not counted
-    first = await runner.stream(command="echo up; sleep 60")
-    try:
+    async with await runner.stream(command="echo up; sleep 60") as first:
         await first.output_until("up")
         status, body = await runner.run(command="true")
         assert (status, body["error"]["code"]) == (409, "TooManyExecutions")
         with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
             await Stream.open(waiting["streamUrl"])
         assert refused.value.status == 409
-    finally:
-        await first.close()
     # Once the first has ended, the refused stream may still connect (within 30 s).
     second: Stream | None = None
 
@@ -216,10 +198,8 @@ async def test_concurrent_executions_are_limited(harness: Harness, tmp_path: Pat
 
     await wait_until(connects, what="the first execution to end")
     assert second is not None
-    try:
+    async with second:
         assert await second.to_end() == {"type": "exit", "exitCode": 0}
-    finally:
-        await second.close()
 
 
 async def test_working_dir_and_the_unprivileged_wrapper(harness: Harness, tmp_path: Path) -> None:
@@ -240,19 +220,15 @@ async def test_working_dir_and_the_unprivileged_wrapper(harness: Harness, tmp_pa
 
 
 async def test_a_release_during_an_execution_ends_it_with_error(runner: Runner) -> None:
-    stream = await runner.stream(command="echo up; sleep 60")
-    try:
+    async with await runner.stream(command="echo up; sleep 60") as stream:
         await stream.output_until("up")
         status, _ = await runner.api("DELETE", "")
         assert status == 204
         assert await stream.to_end() == {"type": "error", "message": "runner released"}
-    finally:
-        await stream.close()
 
 
 async def test_an_expiry_written_elsewhere_ends_the_execution(runner: Runner) -> None:
-    stream = await runner.stream(command="echo up; sleep 60")
-    try:
+    async with await runner.stream(command="echo up; sleep 60") as stream:
         await stream.output_until("up")
         # Another process found the claim expired (its renewals did not reach Nomad).
         client = runner.controller.client
@@ -262,19 +238,14 @@ async def test_an_expiry_written_elsewhere_ends_the_execution(runner: Runner) ->
         items = {**variable["Items"], "state": "expired"}
         await client.put_variable(path, items, "default", cas=variable["ModifyIndex"])
         assert await stream.to_end() == {"type": "error", "message": "runner expired"}
-    finally:
-        await stream.close()
 
 
 async def test_an_oom_restart_ends_the_execution_and_loses_the_runner(runner: Runner) -> None:
-    stream = await runner.stream(command="echo up; sleep 60")
-    try:
+    async with await runner.stream(command="echo up; sleep 60") as stream:
         await stream.output_until("up")
         await runner.sim.oom_restart(runner.claim["allocationId"])
         end = await stream.to_end()
         assert end == {"type": "error", "message": "runner lost: the allocation was OOM killed"}
-    finally:
-        await stream.close()
 
     async def lost() -> bool:
         status, body = await runner.api("GET", "")
@@ -307,8 +278,7 @@ async def test_the_engine_renews_instead_of_expiring_a_busy_claim(
     pools = write_pools(tmp_path / "pools.yaml", pool_doc("py", idle=1))
     controller = await harness.start(pools, clock=clock)
     runner = await claimed_runner(harness, controller)
-    stream = await runner.stream(command="echo up; sleep 60")
-    try:
+    async with await runner.stream(command="echo up; sleep 60") as stream:
         await stream.output_until("up")
         _, before = await runner.api("GET", "")
         clock.advance(3600)  # far past the deadline, while the execution runs
@@ -316,5 +286,3 @@ async def test_the_engine_renews_instead_of_expiring_a_busy_claim(
         status, after = await runner.api("GET", "")
         assert status == 200, after
         assert after["expiresAt"] > before["expiresAt"]
-    finally:
-        await stream.close()

@@ -20,7 +20,7 @@ from urllib.parse import quote
 
 import aiohttp
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import controller.api.bodies as common
@@ -29,6 +29,7 @@ from controller.api.app import MAX_BODY_BYTES
 from controller.lab.simulator import Simulator
 from controller.standalone import Controller
 from tests.support.documents import pool_doc
+from tests.support.fuzzing import against_live_service
 from tests.support.waiting import wait_until
 
 from .conftest import TOKEN, Harness, write_pools
@@ -225,11 +226,7 @@ def _openapi_paths() -> list[str]:
     return [*sorted(document()["paths"]), "/v1", "/v1/", "/v1/nope", "/nope"]
 
 
-@settings(
-    max_examples=150,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@against_live_service(max_examples=150)
 @given(request=requests(_openapi_paths()))
 async def test_fuzz_routes_from_the_openapi_document(
     api: Api, request: tuple[str, str, bytes | None]
@@ -239,11 +236,7 @@ async def test_fuzz_routes_from_the_openapi_document(
 
 
 @pytest.mark.slow
-@settings(
-    max_examples=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@against_live_service(max_examples=60)
 @given(
     body=st.binary(max_size=2000),
     content_type=st.sampled_from(

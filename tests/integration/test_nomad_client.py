@@ -23,7 +23,7 @@ from controller.nomad.errors import (
     NomadPermissionDenied,
     NomadUnavailable,
 )
-from tests.integration.fake_http import multi_query, serve_app
+from tests.integration.fake_http import Loopback, multi_query
 from tests.support.ports import free_port
 
 TOKEN = "9f3c1e2a-token-never-to-be-seen"
@@ -52,9 +52,7 @@ def text(status: int, body: str) -> web.Response:
 
 
 @pytest.fixture
-async def serve() -> AsyncIterator[Callable[..., Awaitable[FakeNomad]]]:
-    runners: list[web.AppRunner] = []
-
+def serve(loopback: Loopback) -> Callable[..., Awaitable[FakeNomad]]:
     async def start(routes: dict[str, Handler], ssl_context: Any = None) -> FakeNomad:
         fake = FakeNomad()
 
@@ -76,14 +74,10 @@ async def serve() -> AsyncIterator[Callable[..., Awaitable[FakeNomad]]]:
                 return text(404, "resource not found")
             return await handler(request)
 
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", dispatch)
-        fake.url = await serve_app(app, runners, ssl_context)
+        fake.url = await loopback.serve("*", "/{tail:.*}", dispatch, ssl_context)
         return fake
 
-    yield start
-    for runner in runners:
-        await runner.cleanup()
+    return start
 
 
 @pytest.fixture

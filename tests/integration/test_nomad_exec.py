@@ -20,7 +20,7 @@ import controller.nomad.exec as nomad_exec
 from controller.nomad.config import NomadConfig
 from controller.nomad.errors import NomadUnavailable
 from controller.nomad.exec import ENDPOINT, ExecBroken, ExecError, ExecRefused, NomadExec, Output
-from tests.integration.fake_http import serve_app
+from tests.integration.fake_http import Loopback
 from tests.integration.test_nomad_client import make_tls, server_context
 from tests.support.ports import free_port
 
@@ -76,9 +76,7 @@ async def read_stdin(ws: web.WebSocketResponse, agent: Agent) -> bytes:
 
 
 @pytest.fixture
-async def agent() -> AsyncIterator[Callable[..., Awaitable[Agent]]]:
-    runners: list[web.AppRunner] = []
-
+def agent(loopback: Loopback) -> Callable[..., Awaitable[Agent]]:
     async def start(script: Script, ssl_context: Any = None, status: int = 101) -> Agent:
         seen = Agent()
 
@@ -92,14 +90,11 @@ async def agent() -> AsyncIterator[Callable[..., Awaitable[Agent]]]:
             await script(ws, request, seen)
             return ws
 
-        app = web.Application()
-        app.router.add_get("/v1/client/allocation/{alloc}/exec", handle)
-        seen.url = await serve_app(app, runners, ssl_context)
+        path = "/v1/client/allocation/{alloc}/exec"
+        seen.url = await loopback.serve("GET", path, handle, ssl_context)
         return seen
 
-    yield start
-    for runner in runners:
-        await runner.cleanup()
+    return start
 
 
 class Execs:

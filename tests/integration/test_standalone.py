@@ -164,13 +164,7 @@ async def test_a_refused_update_keeps_the_last_valid_version_running(
 
 @pytest.mark.parametrize(("policy", "left"), [("Delete", 0), ("Orphan", 2), ("Drain", 0)])
 async def test_removed_pool_follows_its_deletion_policy(harness: Harness, tmp_path, policy, left):
-    pools = write_pools(
-        tmp_path / "pools.yaml",
-        pool_doc("keep", idle=1),
-        pool_doc("gone", idle=2, deletionPolicy=policy),
-    )
-    controller = await harness.start(pools)
-    await harness.settled(controller)
+    pools, controller = await keep_and_gone(harness, tmp_path, policy, gone_idle=2)
     write_pools(pools, pool_doc("keep", idle=1))
     controller.load_pools()
 
@@ -268,12 +262,14 @@ async def test_orphans_are_left_alone_unless_pruned(harness: Harness, tmp_path, 
     await wait_until(pruned, what="orphans pruned")
 
 
-async def keep_and_gone(harness: Harness, tmp_path: Path, policy: str) -> tuple[Path, Controller]:
+async def keep_and_gone(
+    harness: Harness, tmp_path: Path, policy: str, gone_idle: int = 1
+) -> tuple[Path, Controller]:
     """A settled controller of the pools `keep` and `gone` (deletionPolicy `policy`)."""
     pools = write_pools(
         tmp_path / "pools.yaml",
         pool_doc("keep", idle=1),
-        pool_doc("gone", idle=1, deletionPolicy=policy),
+        pool_doc("gone", idle=gone_idle, deletionPolicy=policy),
     )
     controller = await harness.start(pools)
     await harness.settled(controller)

@@ -26,6 +26,7 @@ from controller.operator.handlers import run
 from controller.operator.options import OperatorOptions, options_from_args
 from tests.operator.fake_k8s import JSON, FakeKubernetes, Rule, denied
 from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "runnerpools.poolkeeper.dev.yaml"
@@ -235,6 +236,17 @@ class Cluster:
         pool = self.pool(name) or {}
         conditions = (pool.get("status") or {}).get("conditions") or []
         return next((c for c in conditions if c["type"] == type_), None)
+
+    async def until_condition(self, name: str, type_: str, **expected: str) -> JSON:
+        """Wait until the pool's condition `type_` has the `expected` fields (e.g.
+        reason="Stable"); the condition."""
+
+        def matches() -> bool:
+            condition = self.condition(name, type_) or {}
+            return all(condition.get(key) == value for key, value in expected.items())
+
+        await wait_until(matches, what=f"{name}: {type_} {expected}")
+        return self.condition(name, type_) or {}
 
     def events(self, reason: str) -> list[JSON]:
         return [e for e in self.fake.items("", "events", NAMESPACE) if e.get("reason") == reason]

@@ -133,10 +133,7 @@ async def test_drain_waits_for_claimed_runners(cluster: Cluster) -> None:
     await wait_until(
         lambda: [j["ID"] for j in cluster.jobs("drain")] == [runner], what="only the claim left"
     )
-    await wait_until(
-        lambda: (cluster.condition("drain", "Terminating") or {}).get("reason") == "Drain",
-        what="the Terminating condition",
-    )
+    await cluster.until_condition("drain", "Terminating", reason="Drain")
     pool = cluster.pool("drain")
     assert pool is not None and pool["metadata"]["deletionTimestamp"]
     assert "poolkeeper.dev/finalizer" in pool["metadata"]["finalizers"]
@@ -244,10 +241,7 @@ async def test_failed_starts_are_reported_as_events_and_open_the_breaker(
 async def test_status_is_written_only_when_it_changes(cluster: Cluster) -> None:
     replica = await cluster.start_operator("--namespace", "default")
     await cluster.create_pool(pool_doc("calm", idle=1))
-    await wait_until(
-        lambda: (cluster.condition("calm", "Progressing") or {}).get("reason") == "Stable",
-        what="a stable pool",
-    )
+    await cluster.until_condition("calm", "Progressing", reason="Stable")
     ready = cluster.condition("calm", "Ready")
 
     def status_writes() -> int:
@@ -278,18 +272,12 @@ async def test_status_is_written_only_when_it_changes(cluster: Cluster) -> None:
 async def test_an_invalid_update_keeps_the_last_valid_version_running(cluster: Cluster) -> None:
     replica = await cluster.start_operator("--namespace", "default")
     await cluster.create_pool(pool_doc("turn", idle=1))
-    await wait_until(
-        lambda: (cluster.condition("turn", "Ready") or {}).get("status") == "True",
-        what="an idle runner",
-    )
+    await cluster.until_condition("turn", "Ready", status="True")
     code, _ = await cluster.patch_pool(
         "turn", {"spec": {"idleRunners": 3, "nomad": {"jobTemplate": {"Type": "service"}}}}
     )
     assert code == 200
-    await wait_until(
-        lambda: (cluster.condition("turn", "SpecAccepted") or {}).get("reason") == "InvalidSpec",
-        what="SpecAccepted=False InvalidSpec",
-    )
+    await cluster.until_condition("turn", "SpecAccepted", reason="InvalidSpec")
     assert "jobTemplate" in (cluster.condition("turn", "SpecAccepted") or {})["message"]
     assert cluster.events("InvalidSpec")[0]["type"] == "Warning"
     assert (cluster.condition("turn", "Ready") or {}).get("status") == "True"
@@ -308,10 +296,7 @@ async def test_a_prefix_conflict_hands_out_nothing(cluster: Cluster) -> None:
     await cluster.create_pool(pool_doc("first", idle=1, nomad={"jobPrefix": "shared-"}))
     await wait_until(lambda: len(cluster.jobs("first")) == 1, what="a runner of the first pool")
     await cluster.create_pool(pool_doc("second", idle=1, nomad={"jobPrefix": "shared-"}))
-    await wait_until(
-        lambda: (cluster.condition("second", "Ready") or {}).get("reason") == "PrefixConflict",
-        what="Ready=False PrefixConflict",
-    )
+    await cluster.until_condition("second", "Ready", reason="PrefixConflict")
     await wait_until(lambda: bool(cluster.events("PrefixConflict")), what="a PrefixConflict Event")
     url = f"{replica.controller.url}/v1/pools/default/second/claims"
     async with cluster.http.post(url, json={}) as response:
@@ -328,10 +313,7 @@ async def test_a_pool_made_invalid_while_no_operator_ran_is_still_deleted(
     await replica.stop()
     await cluster.patch_pool("late", {"spec": {"nomad": {"jobTemplate": {"Name": "x"}}}})
     await cluster.start_operator("--namespace", "default")
-    await wait_until(
-        lambda: (cluster.condition("late", "Ready") or {}).get("reason") == "InvalidSpec",
-        what="InvalidSpec",
-    )
+    await cluster.until_condition("late", "Ready", reason="InvalidSpec")
     assert len(cluster.jobs("late")) == 1
     await cluster.k8s("DELETE", cluster.pool_path("late"))
     await wait_until(lambda: cluster.pool("late") is None, what="the object to go")

@@ -29,14 +29,14 @@ from controller.core.gojson import (
 )
 from controller.lab.simulator.authz import ALLOC_EXEC, ALLOC_NODE_EXEC
 from controller.lab.simulator.localexec import LocalProcess
+from controller.lab.simulator.routes import ClientRoutes
 from controller.lab.simulator.sandbox import Sandbox, alloc_group
 from controller.lab.simulator.store import TERMINAL
 from controller.lab.simulator.util import JSON, ApiError
 from controller.lab.simulator.wire import ENCODE, AddRoute, text
 
 if TYPE_CHECKING:
-    from controller.lab.simulator.api import Api
-    from controller.lab.simulator.cluster import Simulator
+    pass
 
 # Without --exec local, a running task is like one whose driver cannot exec.
 NO_LOCAL_EXEC = "simulated tasks run no processes: start the simulator with --exec local to exec"
@@ -53,11 +53,7 @@ _REQUEST = GoStruct("proto.ExecTaskStreamingRequest", {"stdin": _IO, "tty_size":
 _HANDSHAKE = GoStruct("agent.wsHandshakeMessage", {"version": "int", "auth_token": "string"})
 
 
-class ExecRoutes:
-    def __init__(self, sim: Simulator, api: Api) -> None:
-        self.sim = sim
-        self.api = api
-
+class ExecRoutes(ClientRoutes):
     def register(self, r: AddRoute) -> None:
         r(r"/v1/client/allocation/(?P<rest>.*)", GET=self.client_allocation)
 

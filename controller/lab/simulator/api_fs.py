@@ -27,13 +27,13 @@ from controller.lab.simulator.allocfs import (
     stat_path,
 )
 from controller.lab.simulator.authz import READ_FS
+from controller.lab.simulator.routes import ClientRoutes
 from controller.lab.simulator.sandbox import Sandbox
 from controller.lab.simulator.util import JSON, ApiError, bad_request
 from controller.lab.simulator.wire import ENCODE, AddRoute, reply, text
 
 if TYPE_CHECKING:
-    from controller.lab.simulator.api import Api
-    from controller.lab.simulator.cluster import Simulator
+    pass
 
 FS_OPS = ("ls", "stat", "cat", "readat", "stream")
 _CHUNK = 64 * 1024  # a stream frame's data, at most
@@ -47,11 +47,7 @@ _UNTRUSTED_HEADERS = {
 }
 
 
-class FsRoutes:
-    def __init__(self, sim: Simulator, api: Api) -> None:
-        self.sim = sim
-        self.api = api
-
+class FsRoutes(ClientRoutes):
     def register(self, r: AddRoute) -> None:
         r(r"/v1/client/fs/(?P<rest>.*)", GET=self.fs)
 

@@ -23,6 +23,7 @@ from controller.lab.simulator.wire import (
 )
 
 if TYPE_CHECKING:
+    from controller.lab.simulator.api import Api
     from controller.lab.simulator.cluster import Simulator
 
 T = TypeVar("T")
@@ -132,3 +133,13 @@ def with_next_token(response: web.Response, next_token: str | None) -> web.Respo
     if next_token is not None:
         response.headers["X-Nomad-NextToken"] = next_token
     return response
+
+
+class ClientRoutes(RouteGroup):
+    """Routes of a Nomad client (exec, file system) that check a token themselves: Nomad
+    authorizes them on the client, after the allocation is known, not in the server's
+    route table."""
+
+    def __init__(self, sim: Simulator, api: Api) -> None:
+        super().__init__(sim)
+        self.api = api

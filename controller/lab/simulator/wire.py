@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from aiohttp import web
 
@@ -53,24 +53,34 @@ def reply_raw(body: bytes, index: int) -> web.Response:
     return web.Response(body=body, content_type="application/json", headers=headers)
 
 
+_Value = TypeVar("_Value")
+
+
 def parse_bool(request: web.Request, name: str, default: bool = False) -> bool:
-    raw = request.query.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return go_bool(raw)
-    except ValueError:
-        raise bad_request(f'Failed to parse value of "{name}" ({raw}): invalid syntax') from None
+    value = _query_value(
+        request, name, go_bool, 'Failed to parse value of "{name}" ({raw}): invalid syntax'
+    )
+    return default if value is None else value
 
 
 def parse_int(request: web.Request, name: str) -> int | None:
+    return _query_value(
+        request, name, int, "Failed to parse value of '{name}' ({raw}): invalid syntax"
+    )
+
+
+def _query_value(
+    request: web.Request, name: str, parse: Callable[[str], _Value], error: str
+) -> _Value | None:
+    """The query parameter `name` parsed, None when absent or empty; a bad one is Nomad's
+    400 with `error` (its two parsers quote the name differently)."""
     raw = request.query.get(name)
     if raw is None or raw == "":
         return None
     try:
-        return int(raw)
+        return parse(raw)
     except ValueError:
-        raise bad_request(f"Failed to parse value of {name!r} ({raw}): invalid syntax") from None
+        raise bad_request(error.format(name=name, raw=raw)) from None
 
 
 def namespace_of(request: web.Request) -> str:
