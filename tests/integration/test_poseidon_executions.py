@@ -29,8 +29,10 @@ from .test_poseidon import (
     CodeOcean,
     after_passes,
     environment_pool,
-    images,
+    idle_runners_run,
+    managed_with_a_claim,
     start,
+    start_with_a_java_token,
     synced,
 )
 
@@ -92,6 +94,13 @@ class Session:
         return await self.codeocean.call("GET", self.path + "/files", params=params)
 
 
+@pytest.fixture
+async def session(harness: Harness, tmp_path: Path, http: aiohttp.ClientSession) -> Session:
+    """A claimed runner of environment 10, whose pool keeps one idle runner."""
+    controller = await start(harness, tmp_path, environment_pool("python", 10, 1))
+    return await Session.claim(CodeOcean(http, controller), 10)
+
+
 async def started(stream: Stream) -> None:
     assert await stream.next() == {"type": "start"}
 
@@ -143,15 +152,12 @@ async def codeocean_sequence(
     url = executed.json()["websocketUrl"]
     host = controller.url.removeprefix("http://")
     assert url.startswith(f"ws://{host}/api/v1/runners/{session.runner_id}/websocket?executionID=")
-    stream = await Stream.open(url, headers={"Poseidon-Token": TOKEN})
-    try:
+    async with await Stream.open(url, headers={"Poseidon-Token": TOKEN}) as stream:
         await started(stream)
         assert await stream.output_until("What is your name? ") == "What is your name? "
         await stream.ws.send_str("Alice\n")
         assert await stream.to_end() == {"type": "exit", "data": 0}
         assert stream.output() == "What is your name? Hello Alice\n"
-    finally:
-        await stream.close()
 
     # After an exit, CodeOcean lists the files and downloads what it needs.
     listed = await session.files(path="./", recursive="true", privilegedExecution="false")
@@ -189,34 +195,20 @@ async def codeocean_sequence(
     await harness.settled(controller)
 
 
-async def test_stdout_stderr_exit_codes_and_the_environment(
-    harness: Harness, tmp_path: Path, http
-) -> None:
-    controller = await start(harness, tmp_path, environment_pool("python", 10, 1))
-    session = await Session.claim(CodeOcean(http, controller), 10)
+async def test_stdout_stderr_exit_codes_and_the_environment(session: Session) -> None:
     command = 'echo "$CODEOCEAN $GREETING"; echo oops >&2; exit 300'
-    stream = await session.run(command, environment={"GREETING": "hi there"})
-    try:
+    async with await session.run(command, environment={"GREETING": "hi there"}) as stream:
         await started(stream)
         assert await stream.to_end() == {"type": "exit", "data": 300 & 0xFF}
         assert (stream.output(), stream.output("stderr")) == ("true hi there\n", "oops\n")
-    finally:
-        await stream.close()
 
 
-async def test_a_time_limit_is_timeout_and_codeocean_deletes_the_runner(
-    harness: Harness, tmp_path: Path, http
-) -> None:
-    controller = await start(harness, tmp_path, environment_pool("python", 10, 1))
-    codeocean = CodeOcean(http, controller)
-    session = await Session.claim(codeocean, 10)
-    stream = await session.run("echo $$; sleep 60 & echo $!; wait", time_limit=1)
-    try:
+async def test_a_time_limit_is_timeout_and_codeocean_deletes_the_runner(session: Session) -> None:
+    codeocean = session.codeocean
+    async with await session.run("echo $$; sleep 60 & echo $!; wait", time_limit=1) as stream:
         await started(stream)
         running = await stream.pids(2)
         assert await stream.to_end() == {"type": "timeout"}
-    finally:
-        await stream.close()
     await gone(*running)
     deleted = await codeocean.call("DELETE", session.path)
     assert (deleted.status, deleted.body) == (204, b"")
@@ -227,13 +219,8 @@ async def test_a_time_limit_is_timeout_and_codeocean_deletes_the_runner(
     assert (await retried.execute("true")).status == 200
 
 
-async def test_a_binary_frame_stops_stdin_and_a_close_cancels(
-    harness: Harness, tmp_path: Path, http
-) -> None:
-    controller = await start(harness, tmp_path, environment_pool("python", 10, 1))
-    session = await Session.claim(CodeOcean(http, controller), 10)
-    stream = await session.run("echo $$; cat")
-    try:
+async def test_a_binary_frame_stops_stdin_and_a_close_cancels(session: Session) -> None:
+    async with await session.run("echo $$; cat") as stream:
         await started(stream)
         [shell] = await stream.pids(1)
         await stream.ws.send_str("first\n")
@@ -243,46 +230,31 @@ async def test_a_binary_frame_stops_stdin_and_a_close_cancels(
         with pytest.raises(TimeoutError):
             await stream.next(within=0.5)  # not forwarded: cat has nothing to echo
         assert alive(shell)
-    finally:
-        await stream.close()
     await gone(shell)  # the client's close cancelled the execution
 
 
-async def test_deleting_the_runner_ends_its_execution_as_expected(
-    harness: Harness, tmp_path: Path, http
-) -> None:
-    controller = await start(harness, tmp_path, environment_pool("python", 10, 1))
-    codeocean = CodeOcean(http, controller)
-    session = await Session.claim(codeocean, 10)
-    stream = await session.run("echo up; sleep 60")
-    try:
+async def test_deleting_the_runner_ends_its_execution_as_expected(session: Session) -> None:
+    codeocean = session.codeocean
+    async with await session.run("echo up; sleep 60") as stream:
         await stream.output_until("up")
         assert (await codeocean.call("DELETE", session.path)).status == 204
         end = await stream.to_end()
         assert end == {"type": "error", "data": "the allocation stopped as expected"}
-    finally:
-        await stream.close()
 
 
 async def test_an_oom_killed_allocation_is_poseidons_oom_text(
-    harness: Harness, tmp_path: Path, http
+    harness: Harness, session: Session
 ) -> None:
-    controller = await start(harness, tmp_path, environment_pool("python", 10, 1))
-    codeocean = CodeOcean(http, controller)
-    session = await Session.claim(codeocean, 10)
-    stream = await session.run("echo up; sleep 60")
-    try:
+    async with await session.run("echo up; sleep 60") as stream:
         await stream.output_until("up")
         claim = harness.sim.variables("default")[f"poolkeeper/claims/{session.runner_id}"]
         await harness.sim.oom_restart(claim["Items"]["allocationId"])
         assert await stream.to_end() == {"type": "error", "data": "the allocation was OOM Killed"}
-    finally:
-        await stream.close()
 
     async def lost() -> bool:
         return (await session.execute("true")).status == 410
 
-    await after_passes(controller, lost, "the OOM-killed runner to be gone")
+    await after_passes(session.codeocean.controller, lost, "the OOM-killed runner to be gone")
 
 
 async def test_inactivity_is_reset_by_starts_and_file_requests_not_by_execute(
@@ -303,26 +275,21 @@ async def test_inactivity_is_reset_by_starts_and_file_requests_not_by_execute(
     clock.advance(20)
     assert (await touched.files()).status == 200  # a file request is activity
     clock.advance(15)
-    stream = await touched.run("echo up; sleep 60")  # so is the start
-    try:
+    async with await touched.run("echo up; sleep 60") as stream:  # so is the start
         await stream.output_until("up")
         # A running execution does not hold the runner: past its inactivity timeout,
         # the runner is gone and the execution ends with `timeout`.
         clock.advance(31)
         await controller.engine.reconcile_namespace("default")
         assert await stream.to_end() == {"type": "timeout"}
-    finally:
-        await stream.close()
     gone_runner = await touched.files()
     assert (gone_runner.status, gone_runner.body) == (410, NO_RUNNER)
 
 
 async def test_bad_input_on_runner_routes_is_answered_as_poseidon_answers_it(
-    harness: Harness, tmp_path: Path, http
+    session: Session,
 ) -> None:
-    controller = await start(harness, tmp_path, environment_pool("python", 10, 1))
-    codeocean = CodeOcean(http, controller)
-    session = await Session.claim(codeocean, 10)
+    codeocean = session.codeocean
     quote = await session.execute("echo 'hi'")
     assert (quote.status, quote.body) == (400, b'{"message":"use of forbidden character"}')
     typed = await codeocean.call("POST", session.path + "/execute", raw=b'{"timeLimit": "1"}')
@@ -344,7 +311,7 @@ async def test_bad_input_on_runner_routes_is_answered_as_poseidon_answers_it(
         refused = await session.files(**params)
         assert (refused.status, refused.body) == (424, NO_FILE)
 
-    base = controller.url.replace("http://", "ws://") + "/api/v1" + session.path
+    base = codeocean.base.replace("http://", "ws://") + session.path
     headers = {"Poseidon-Token": TOKEN}
     with pytest.raises(aiohttp.WSServerHandshakeError) as unknown:
         await Stream.open(base + "/websocket?executionID=nope", headers=headers)
@@ -358,12 +325,9 @@ async def test_bad_input_on_runner_routes_is_answered_as_poseidon_answers_it(
     # A URL is used once.
     executed = await session.execute("true")
     url = executed.json()["websocketUrl"]
-    stream = await Stream.open(url, headers=headers)
-    try:
+    async with await Stream.open(url, headers=headers) as stream:
         await started(stream)
         assert await stream.to_end() == {"type": "exit", "data": 0}
-    finally:
-        await stream.close()
     with pytest.raises(aiohttp.WSServerHandshakeError) as used:
         await Stream.open(url, headers=headers)
     assert used.value.status == 404
@@ -372,14 +336,7 @@ async def test_bad_input_on_runner_routes_is_answered_as_poseidon_answers_it(
 async def test_the_token_and_its_scope_guard_the_runner_routes(
     harness: Harness, tmp_path: Path, http
 ) -> None:
-    tokens = f"{TOKEN}\njava-token default/java\n"
-    controller = await start(
-        harness,
-        tmp_path,
-        environment_pool("python", 10, 1),
-        environment_pool("java", 20, 1),
-        tokens_text=tokens,
-    )
+    controller = await start_with_a_java_token(harness, tmp_path, idle=1)
     codeocean = CodeOcean(http, controller)
     session = await Session.claim(codeocean, 10)
     workspace = task_dir(harness, session.runner_id)
@@ -404,28 +361,20 @@ async def test_the_token_and_its_scope_guard_the_runner_routes(
 async def test_a_managed_image_change_keeps_a_claimed_runner_working(
     harness: Harness, tmp_path: Path, http
 ) -> None:
-    controller = await start(harness, tmp_path, poseidon=MANAGED)
-    codeocean = CodeOcean(http, controller)
-    assert (await codeocean.call("PUT", "/execution-environments/11", synced(11))).status == 201
-    await harness.settled(controller)
-    session = await Session.claim(codeocean, 11, inactivity=600)
-    stream = await session.run("echo up; read line; echo got $line")
-    try:
+    controller, codeocean, runner_id = await managed_with_a_claim(harness, tmp_path, http)
+    session = Session(codeocean, runner_id)
+    async with await session.run("echo up; read line; echo got $line") as stream:
         await stream.output_until("up")
         new_image = "openhpi/co_execenv_python:3.12"
         changed = synced(11, image=new_image)
         assert (await codeocean.call("PUT", "/execution-environments/11", changed)).status == 204
-
-        def rolled() -> bool:
-            idle = {j: i for j, i in images(harness, "environment-11-").items()}
-            idle.pop(session.runner_id, None)
-            return len(idle) == 2 and set(idle.values()) == {new_image}
-
-        await after_passes(controller, rolled, "the idle runners to roll over")
+        await after_passes(
+            controller,
+            lambda: idle_runners_run(harness, new_image, runner_id),
+            "the idle runners to roll over",
+        )
         # The learner's execution ran on through the rollout.
         await stream.ws.send_str("still here\n")
         assert await stream.to_end() == {"type": "exit", "data": 0}
         assert stream.output() == "up\ngot still here\n"
-    finally:
-        await stream.close()
     assert (await session.files()).status == 200
