@@ -109,6 +109,46 @@ def _names_a_program(value: list[str]) -> list[str]:
 Argv = Annotated[list[StrictStr], AfterValidator(_names_a_program)]
 
 
+def _matching(pattern: re.Pattern[str], message: str) -> AfterValidator:
+    """A check that the whole string matches `pattern`, failing with `message`."""
+
+    def check(value: str) -> str:
+        if not pattern.fullmatch(value):
+            raise _invalid(message)
+        return value
+
+    return AfterValidator(check)
+
+
+DnsSubdomain = Annotated[
+    StrictStr,
+    Field(min_length=1, max_length=253),
+    _matching(
+        DNS_SUBDOMAIN_RE,
+        "must be a DNS-1123 subdomain (lowercase letters, digits, '-' and '.', "
+        "starting and ending with a letter or digit)",
+    ),
+]
+DnsLabel = Annotated[
+    StrictStr,
+    Field(min_length=1, max_length=63),
+    _matching(DNS_LABEL_RE, "must be a DNS-1123 label (lowercase letters, digits and '-')"),
+]
+NomadNamespace = Annotated[
+    StrictStr,
+    _matching(NOMAD_NAMESPACE_RE, "must be 1-128 letters, digits or '-' (a Nomad namespace name)"),
+]
+NomadNodePool = Annotated[
+    StrictStr,
+    _matching(
+        NOMAD_NODE_POOL_RE, "must be 1-128 letters, digits, '-', '_' or '.' (a Nomad node pool)"
+    ),
+]
+JobPrefix = Annotated[
+    StrictStr, _matching(re.compile(JOB_PREFIX_PATTERN), f"must match {JOB_PREFIX_PATTERN}")
+]
+
+
 class DeletionPolicy(StrEnum):
     DRAIN = "Drain"
     DELETE = "Delete"
@@ -156,26 +196,9 @@ class ObjectMeta(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    name: Annotated[StrictStr, Field(min_length=1, max_length=253)]
-    namespace: Annotated[StrictStr, Field(min_length=1, max_length=63)] = "default"
+    name: DnsSubdomain
+    namespace: DnsLabel = "default"
     labels: dict[StrictStr, StrictStr] = Field(default_factory=dict)
-
-    @field_validator("name")
-    @classmethod
-    def _name_is_subdomain(cls, value: str) -> str:
-        if not DNS_SUBDOMAIN_RE.fullmatch(value):
-            raise _invalid(
-                "must be a DNS-1123 subdomain (lowercase letters, digits, '-' and '.', "
-                "starting and ending with a letter or digit)"
-            )
-        return value
-
-    @field_validator("namespace")
-    @classmethod
-    def _namespace_is_label(cls, value: str) -> str:
-        if not DNS_LABEL_RE.fullmatch(value):
-            raise _invalid("must be a DNS-1123 label (lowercase letters, digits and '-')")
-        return value
 
     @field_validator("labels", mode="before")
     @classmethod
@@ -290,34 +313,13 @@ class RunnerSpec(_Model):
 
 
 class NomadSpec(_Model):
-    namespace: StrictStr = "default"
+    namespace: NomadNamespace = "default"
     datacenters: Annotated[list[Annotated[StrictStr, Field(min_length=1)]], Field(min_length=1)] = (
         Field(default_factory=lambda: ["*"])
     )
-    node_pool: StrictStr | None = None
-    job_prefix: StrictStr | None = None
+    node_pool: NomadNodePool | None = None
+    job_prefix: JobPrefix | None = None
     job_template: dict[str, Any] = Field(default_factory=dict)
-
-    @field_validator("namespace")
-    @classmethod
-    def _namespace_valid(cls, value: str) -> str:
-        if not NOMAD_NAMESPACE_RE.fullmatch(value):
-            raise _invalid("must be 1-128 letters, digits or '-' (a Nomad namespace name)")
-        return value
-
-    @field_validator("node_pool")
-    @classmethod
-    def _node_pool_valid(cls, value: str | None) -> str | None:
-        if value is not None and not NOMAD_NODE_POOL_RE.fullmatch(value):
-            raise _invalid("must be 1-128 letters, digits, '-', '_' or '.' (a Nomad node pool)")
-        return value
-
-    @field_validator("job_prefix")
-    @classmethod
-    def _job_prefix_valid(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(JOB_PREFIX_PATTERN, value):
-            raise _invalid(f"must match {JOB_PREFIX_PATTERN}")
-        return value
 
     @field_validator("job_template")
     @classmethod

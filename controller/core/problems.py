@@ -8,6 +8,9 @@ from enum import StrEnum
 
 
 class Problem(StrEnum):
+    """Why a pool is not (or not fully) reconciled here; its `Ready` or `SpecAccepted`
+    condition carries it as the reason."""
+
     # Another pool registered first holds the same job prefix in the same Nomad namespace:
     # this one is not reconciled and hands out nothing (its runners would be the other's).
     PREFIX_CONFLICT = "PrefixConflict"

@@ -48,6 +48,9 @@ class Failure(StrEnum):
 
 
 class PoolMode(StrEnum):
+    """What the engine does with a pool: keep it at its targets, drain it (claimed
+    runners finish first), or delete its runners at once."""
+
     ACTIVE = "active"
     DRAIN = "drain"
     DELETE = "delete"

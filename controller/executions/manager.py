@@ -54,6 +54,9 @@ STOP_WAIT_SECONDS = 5.0
 
 
 class Ending(StrEnum):
+    """How an execution ended: exit, timeout and error are the type of its last frame;
+    cancelled, its client went away first."""
+
     EXIT = "exit"
     TIMEOUT = "timeout"
     ERROR = "error"
