@@ -48,6 +48,18 @@ _ENTER = '[ -z "$1" ] || cd -- "$1" || exit 125; shift; '
 _LAUNCH = 'printf "\\036%s\\036" "$$"; [ -z "$1" ] || cd -- "$1" || exit; shift; '
 _LAUNCH += 'exec timeout -s KILL "$@"'
 _KILL_GROUP = 'kill -s KILL -- "-$1"'
+# Stderr apart from a terminal's output, through a FIFO $1: the command makes it (so it
+# may remove it), opens it once the reader (a second exec, whose output is the stderr)
+# has, removes it (nothing is left behind however either ends) and runs.
+_STDERR_INTO = 'f=$1; shift; mkfifo -m 600 "$f" || exit; exec 2>"$f"; rm -f "$f"; exec "$@"'
+_STDERR_READ = (
+    'until [ -e "$1" ] || [ -e "$1.end" ]; do sleep 0.01; done; '
+    '[ -p "$1" ] && exec cat "$1"; exit 0'
+)
+# A reader left waiting (its command never made the FIFO, or died before opening it)
+# is ended by opening the FIFO, or by the `.end` file it also waits for.
+_STDERR_END = '[ -p "$1" ] && { : >"$1"; rm -f "$1"; }; : >"$1.end"; sleep 0.2; rm -f "$1.end"'
+STDERR_FIFO_DIR = "/tmp"
 # $1 the working dir, $2 "contents" to delete what it holds first (but dot files, as a
 # shell's `./*`), $3 how many paths to delete, those paths, then the directory to extract
 # into (or "" for the working dir), then tar's own options.
@@ -148,6 +160,23 @@ def execution_command(
         prefix += ["env", *(f"{name}={value}" for name, value in env.items())]
     launcher = ["/bin/sh", "-c", _LAUNCH, LAUNCHER_NAME, directory, str(time_limit_seconds)]
     return [*launcher, *prefix, *argv]
+
+
+def stderr_into(fifo: str, command: str | Sequence[str]) -> list[str]:
+    """`command` (a string runs as `/bin/sh -c`) with its stderr into `fifo`, which it
+    makes, and opens once the reader (stderr_reader_command) has."""
+    argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+    return ["/bin/sh", "-c", _STDERR_INTO, LAUNCHER_NAME, fifo, *argv]
+
+
+def stderr_reader_command(fifo: str) -> list[str]:
+    """Wait for `fifo`, then print what comes through it."""
+    return ["/bin/sh", "-c", _STDERR_READ, LAUNCHER_NAME, fifo]
+
+
+def stderr_end_command(fifo: str) -> list[str]:
+    """End a reader still waiting for its command to open `fifo`."""
+    return ["/bin/sh", "-c", _STDERR_END, LAUNCHER_NAME, fifo]
 
 
 def kill_command(pid: int) -> list[str]:

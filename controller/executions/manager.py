@@ -17,6 +17,7 @@ Either way an execution ends in exactly one way:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
@@ -30,10 +31,14 @@ from controller.engine.engine import Engine
 from controller.errors import ErrorCode, ServiceError
 from controller.executions.activity import Activity, Target, ended_message
 from controller.executions.commands import (
+    STDERR_FIFO_DIR,
     InvalidValue,
     PidMarker,
     execution_command,
     kill_command,
+    stderr_end_command,
+    stderr_into,
+    stderr_reader_command,
     working_dir,
 )
 from controller.metrics import Metrics
@@ -51,6 +56,7 @@ WAITED_OUTPUT_LIMIT = 1024 * 1024  # bytes per stream
 SIGKILL_EXIT = 128 + 9
 TERMINAL_SIZE = (24, 80)  # rows, columns: what a terminal opens with
 STOP_WAIT_SECONDS = 5.0
+STDERR_DRAIN_SECONDS = 1.0  # for a stderr reader to end after its command
 
 
 class Ending(StrEnum):
@@ -80,6 +86,9 @@ class ExecutionRequest:
     tty: bool = False
     privileged: bool | None = None  # None: true unless the pool has an unprivileged wrapper
     stdin: str | None = None
+    # With tty: stderr still apart from the terminal, through a FIFO a second exec reads
+    # (as Poseidon runs interactive commands).
+    stderr_apart: bool = False
 
 
 class OutputSink(Protocol):
@@ -105,6 +114,15 @@ class WaitedOutput:
         return self.streams[stream].decode("utf-8", "replace")
 
 
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """A request's argv and time limit, checked; the FIFO of a stderr kept apart."""
+
+    argv: list[str]
+    time_limit_seconds: int
+    stderr_fifo: str | None
+
+
 @dataclass
 class Prepared:
     """An execution checked and ready to run (a streamed one waits for its socket)."""
@@ -116,6 +134,7 @@ class Prepared:
     time_limit_seconds: int
     stdin: bytes | None
     keeps_claim: bool = True  # the claim is kept alive while it runs (Activity.hold)
+    stderr_fifo: str | None = None  # stderr apart from a terminal: the FIFO it goes through
 
 
 class Execution:
@@ -195,13 +214,17 @@ class Execution:
         opened = time.monotonic()
         pump = asyncio.create_task(self._pump(session, sink, marker, launched))
         feeder = asyncio.create_task(self._feed(session, launched))
+        fifo = self.prepared.stderr_fifo
+        stderr = asyncio.create_task(self._read_stderr(fifo, sink) if fifo else asyncio.sleep(0))
         limit = self.prepared.time_limit_seconds
         deadline = asyncio.get_running_loop().call_later(limit, self._halt, Ending.TIMEOUT, "")
         try:
             first: set[asyncio.Future[Any]] = {pump, self._halted}
             await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
             if not self._halted.done():
-                return await self._ended(session, pump, time.monotonic() - opened >= limit)
+                late = time.monotonic() - opened >= limit
+                await self._drain_stderr(stderr)  # all of stderr comes before the end
+                return await self._ended(session, pump, late)
             ending, message = self._halted.result()
             if ending is Ending.ERROR or pump.done():
                 return Outcome(ending, message=message)
@@ -212,9 +235,9 @@ class Execution:
             return Outcome(ending)
         finally:
             deadline.cancel()
-            for task in (pump, feeder):
+            for task in (pump, feeder, stderr):
                 task.cancel()
-            await asyncio.gather(pump, feeder, return_exceptions=True)
+            await asyncio.gather(pump, feeder, stderr, return_exceptions=True)
 
     def _outcome_of_halt(self) -> Outcome:
         ending, message = self._halted.result()
@@ -249,6 +272,44 @@ class Execution:
                     launched.set()
             if data:
                 await sink.output(output.stream, data)
+
+    async def _read_stderr(self, fifo: str, sink: OutputSink) -> None:
+        """The command's stderr, from the second exec that reads its FIFO."""
+        record = self.prepared.target.record
+        try:
+            async with self._manager.exec.session(
+                record.allocation_id,
+                TASK_NAME,
+                stderr_reader_command(fifo),
+                namespace=record.namespace,
+            ) as session:
+                await session.close_stdin()
+                async for output in session.output():
+                    if output.stream == "stdout":
+                        await sink.output("stderr", output.data)
+        except NomadError as error:
+            log.warning("no stderr from an execution on %s: %s", record.runner_id, error)
+
+    async def _drain_stderr(self, stderr: asyncio.Task[None]) -> None:
+        """Wait for the stderr reader to end after its command (a reader whose command
+        never opened the FIFO is ended)."""
+        fifo = self.prepared.stderr_fifo
+        await asyncio.wait({stderr}, timeout=STDERR_DRAIN_SECONDS)
+        if stderr.done() or fifo is None:
+            return
+        record = self.prepared.target.record
+        with contextlib.suppress(NomadError, TimeoutError):
+            async with asyncio.timeout(KILL_GRACE_SECONDS):
+                async with self._manager.exec.session(
+                    record.allocation_id,
+                    TASK_NAME,
+                    stderr_end_command(fifo),
+                    namespace=record.namespace,
+                ) as session:
+                    await session.close_stdin()
+                    async for _ in session.output():
+                        pass
+        await asyncio.wait({stderr}, timeout=STDERR_DRAIN_SECONDS)
 
     async def _feed(self, session: ExecSession, launched: asyncio.Event) -> None:
         # After the launcher's PID: a terminal would otherwise echo input before it.
@@ -411,7 +472,7 @@ class ExecutionManager:
 
     # ---- checks ---------------------------------------------------------------------------
 
-    def _checked(self, runner_id: str, request: ExecutionRequest) -> tuple[list[str], int]:
+    def _checked(self, runner_id: str, request: ExecutionRequest) -> Checked:
         """The argv and time limit of the request, checked against the pool's settings
         before anything is read or written (400 InvalidRequest)."""
         spec = self.activity.spec(runner_id)
@@ -423,9 +484,13 @@ class ExecutionManager:
             )
         wrapper = spec.unprivileged_wrapper
         privileged = request.privileged if request.privileged is not None else not wrapper
+        command, fifo = request.command, None
+        if request.tty and request.stderr_apart:
+            fifo = f"{STDERR_FIFO_DIR}/poolkeeper-stderr-{secrets.token_hex(16)}"
+            command = stderr_into(fifo, command)
         try:
             argv = execution_command(
-                request.command,
+                command,
                 time_limit_seconds=limit,
                 directory=working_dir(spec.working_dir, request.working_dir),
                 env=request.env,
@@ -433,15 +498,20 @@ class ExecutionManager:
             )
         except InvalidValue as error:
             raise _invalid(str(error)) from None
-        return argv, limit
+        return Checked(argv, limit, fifo)
 
-    def _prepare(
-        self, target: Target, request: ExecutionRequest, check: tuple[list[str], int]
-    ) -> Prepared:
-        argv, limit = check
+    def _prepare(self, target: Target, request: ExecutionRequest, check: Checked) -> Prepared:
         stdin = request.stdin.encode() if request.stdin else None
         execution_id = secrets.token_urlsafe(EXECUTION_ID_BYTES)
-        return Prepared(execution_id, target, argv, request.tty, limit, stdin)
+        return Prepared(
+            execution_id,
+            target,
+            check.argv,
+            request.tty,
+            check.time_limit_seconds,
+            stdin,
+            stderr_fifo=check.stderr_fifo,
+        )
 
 
 def _invalid(message: str) -> ServiceError:

@@ -8,6 +8,8 @@ Poseidon's frames.
   Poseidon's texts, then close 1000. A client that closed first is sent nothing.
 - From the client: a text frame's bytes are the command's stdin, verbatim; a binary frame
   ends the forwarding of stdin (the socket stays open); closing cancels the execution.
+- As Poseidon's, a command runs with `bash -c` in a terminal (output in CRLF lines, the
+  input echoed), its stderr apart from it.
 - Poseidon's inactivity rules: storing the command is no activity, starting it is; a
   running execution does not keep the runner's claim alive, and when the claim expires
   meanwhile, the execution ends with `timeout`.
@@ -59,6 +61,8 @@ async def execute(request: web.Request) -> web.Response:
         command=[*SHELL, command],
         env={**CODEOCEAN_ENV, **environment},
         time_limit_seconds=time_limit or spec.max_time_limit_seconds,  # 0: Poseidon's none
+        tty=True,  # as Poseidon's: a terminal, with stderr still apart
+        stderr_apart=True,
         privileged=body["privilegedExecution"],
     )
     # Kept until its runner ends or the longest time limit passes, not 30 s as under /v1.

@@ -154,10 +154,14 @@ async def codeocean_sequence(
     assert url.startswith(f"ws://{host}/api/v1/runners/{session.runner_id}/websocket?executionID=")
     async with await Stream.open(url, headers={"Poseidon-Token": TOKEN}) as stream:
         await started(stream)
-        assert await stream.output_until("What is your name? ") == "What is your name? "
+        # Python writes input()'s prompt to stderr when stdin and stdout are a terminal
+        # (as they are under Poseidon: stderr apart, through a FIFO).
+        await stream.output_until("What is your name? ", stream="stderr")
         await stream.ws.send_str("Alice\n")
         assert await stream.to_end() == {"type": "exit", "data": 0}
-        assert stream.output() == "What is your name? Hello Alice\n"
+        # A terminal, as Poseidon's: the input is echoed, lines end in CRLF.
+        assert stream.output() == "Alice\r\nHello Alice\r\n"
+        assert stream.output("stderr") == "What is your name? "
 
     # After an exit, CodeOcean lists the files and downloads what it needs.
     listed = await session.files(path="./", recursive="true", privilegedExecution="false")
@@ -200,7 +204,8 @@ async def test_stdout_stderr_exit_codes_and_the_environment(session: Session) ->
     async with await session.run(command, environment={"GREETING": "hi there"}) as stream:
         await started(stream)
         assert await stream.to_end() == {"type": "exit", "data": 300 & 0xFF}
-        assert (stream.output(), stream.output("stderr")) == ("true hi there\n", "oops\n")
+        # stderr comes apart from the terminal's output (not through it: no CR).
+        assert (stream.output(), stream.output("stderr")) == ("true hi there\r\n", "oops\n")
 
 
 async def test_a_time_limit_is_timeout_and_codeocean_deletes_the_runner(session: Session) -> None:
@@ -224,7 +229,7 @@ async def test_a_binary_frame_stops_stdin_and_a_close_cancels(session: Session) 
         await started(stream)
         [shell] = await stream.pids(1)
         await stream.ws.send_str("first\n")
-        await stream.output_until("first\n")
+        await stream.output_until("first\r\nfirst\r\n")  # echoed, then cat's
         await stream.ws.send_bytes(b"\x00")
         await stream.ws.send_str("second\n")
         with pytest.raises(TimeoutError):
@@ -376,5 +381,5 @@ async def test_a_managed_image_change_keeps_a_claimed_runner_working(
         # The learner's execution ran on through the rollout.
         await stream.ws.send_str("still here\n")
         assert await stream.to_end() == {"type": "exit", "data": 0}
-        assert stream.output() == "up\ngot still here\n"
+        assert stream.output() == "up\r\nstill here\r\ngot still here\r\n"
     assert (await session.files()).status == 200

@@ -26,6 +26,9 @@ from controller.executions.commands import (
     parse_listing,
     parse_size_line,
     runner_path,
+    stderr_end_command,
+    stderr_into,
+    stderr_reader_command,
     upload_command,
     working_dir,
 )
@@ -176,6 +179,30 @@ def test_a_listing_of_awkward_names(tmp_path: Path) -> None:
     assert sub.group == grp.getgrgid(os.getgid()).gr_name
     missing = run(list_command(None, runner_path("nope"), recursive=True), tmp_path)
     assert missing.returncode == 3
+
+
+def test_stderr_apart_through_a_fifo_that_is_left_behind_by_neither_end(tmp_path: Path) -> None:
+    fifo = str(tmp_path / "stderr")
+    reader = subprocess.Popen(stderr_reader_command(fifo), stdout=subprocess.PIPE)
+    command = stderr_into(fifo, "echo out; echo err >&2; exit 3")
+    done = run(command, tmp_path)
+    assert (done.returncode, done.stdout, done.stderr) == (3, b"out\n", b"")
+    assert reader.communicate(timeout=10)[0] == b"err\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_reader_whose_command_never_came_is_ended(tmp_path: Path) -> None:
+    fifo = str(tmp_path / "stderr")
+    reader = subprocess.Popen(stderr_reader_command(fifo), stdout=subprocess.PIPE)
+    assert run(stderr_end_command(fifo), tmp_path).returncode == 0
+    assert reader.communicate(timeout=10)[0] == b""
+    # ... or made the FIFO and died before opening it: the reader waits in its open.
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(stderr_reader_command(fifo), stdout=subprocess.PIPE)
+    time.sleep(0.1)
+    assert run(stderr_end_command(fifo), tmp_path).returncode == 0
+    assert reader.communicate(timeout=10)[0] == b""
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_an_upload_may_first_clear_the_working_dir_but_its_dot_files(tmp_path: Path) -> None:
