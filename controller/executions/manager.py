@@ -21,7 +21,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -275,20 +275,15 @@ class Execution:
 
     async def _read_stderr(self, fifo: str, sink: OutputSink) -> None:
         """The command's stderr, from the second exec that reads its FIFO."""
-        record = self.prepared.target.record
+        target = self.prepared.target
+
+        async def stderr(data: bytes) -> None:
+            await sink.output("stderr", data)
+
         try:
-            async with self._manager.exec.session(
-                record.allocation_id,
-                TASK_NAME,
-                stderr_reader_command(fifo),
-                namespace=record.namespace,
-            ) as session:
-                await session.close_stdin()
-                async for output in session.output():
-                    if output.stream == "stdout":
-                        await sink.output("stderr", output.data)
+            await self._manager.beside(target, stderr_reader_command(fifo), stderr, within=None)
         except NomadError as error:
-            log.warning("no stderr from an execution on %s: %s", record.runner_id, error)
+            log.warning("no stderr from an execution on %s: %s", target.record.runner_id, error)
 
     async def _drain_stderr(self, stderr: asyncio.Task[None]) -> None:
         """Wait for the stderr reader to end after its command (a reader whose command
@@ -297,18 +292,8 @@ class Execution:
         await asyncio.wait({stderr}, timeout=STDERR_DRAIN_SECONDS)
         if stderr.done() or fifo is None:
             return
-        record = self.prepared.target.record
         with contextlib.suppress(NomadError, TimeoutError):
-            async with asyncio.timeout(KILL_GRACE_SECONDS):
-                async with self._manager.exec.session(
-                    record.allocation_id,
-                    TASK_NAME,
-                    stderr_end_command(fifo),
-                    namespace=record.namespace,
-                ) as session:
-                    await session.close_stdin()
-                    async for _ in session.output():
-                        pass
+            await self._manager.beside(self.prepared.target, stderr_end_command(fifo))
         await asyncio.wait({stderr}, timeout=STDERR_DRAIN_SECONDS)
 
     async def _feed(self, session: ExecSession, launched: asyncio.Event) -> None:
@@ -449,18 +434,31 @@ class ExecutionManager:
         if pid is None:
             return  # the launcher never ran: nothing started that could be killed
         try:
-            async with asyncio.timeout(KILL_GRACE_SECONDS):
-                async with self.exec.session(
-                    target.record.allocation_id,
-                    TASK_NAME,
-                    kill_command(pid),
-                    namespace=target.record.namespace,
-                ) as session:
-                    await session.close_stdin()
-                    async for _ in session.output():
-                        pass
+            await self.beside(target, kill_command(pid))
         except (NomadError, TimeoutError) as error:
             log.warning("could not kill an execution on %s: %s", target.record.runner_id, error)
+
+    async def beside(
+        self,
+        target: Target,
+        argv: list[str],
+        stdout: Callable[[bytes], Awaitable[None]] | None = None,
+        *,
+        within: float | None = KILL_GRACE_SECONDS,
+    ) -> None:
+        """An exec of `argv` beside an execution (no stdin), its stdout to `stdout`, to
+        its end or for `within` seconds (TimeoutError); NomadError when Nomad refuses."""
+        async with asyncio.timeout(within):
+            async with self.exec.session(
+                target.record.allocation_id,
+                TASK_NAME,
+                argv,
+                namespace=target.record.namespace,
+            ) as session:
+                await session.close_stdin()
+                async for output in session.output():
+                    if stdout is not None and output.stream == "stdout":
+                        await stdout(output.data)
 
     async def retire(self, execution: Execution, why: str) -> None:
         runner_id = execution.runner_id

@@ -4,9 +4,12 @@ CodeOcean's calls replayed in its order, with Poseidon's status codes, bodies an
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import pwd
+import signal
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,8 +21,10 @@ from controller.lab.simulator import Simulator
 from controller.nomad.jobs import TASK_NAME
 from controller.standalone import Controller
 from tests.simulator.exec_support import alive
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
-from .conftest import TOKEN, FakeClock, Harness
+from .conftest import TOKEN, FakeClock, Harness, write_pools
 from .executions_support import Stream, gone
 from .test_poseidon import (
     MANAGED,
@@ -35,6 +40,7 @@ from .test_poseidon import (
     start_with_a_java_token,
     synced,
 )
+from .test_process import API_TOKEN, Process
 
 NO_FILE = b'{"message":"file not found or insufficient permissions"}'
 EXERCISE = "name = input('What is your name? ')\nprint('Hello ' + name)\n"
@@ -383,3 +389,66 @@ async def test_a_managed_image_change_keeps_a_claimed_runner_working(
         assert await stream.to_end() == {"type": "exit", "data": 0}
         assert stream.output() == "up\r\nstill here\r\ngot still here\r\n"
     assert (await session.files()).status == 200
+
+
+@pytest.fixture
+async def sim_process(tmp_path: Path) -> AsyncIterator[str]:
+    """`poolkeeper sim --exec local` as a process of its own; its URL."""
+    url = f"http://127.0.0.1:{free_port()}"
+    log = (tmp_path / "sim.log").open("wb")
+    args = ["-m", "controller", "sim", "--exec", "local", "--listen", url.removeprefix("http://")]
+    process = await asyncio.create_subprocess_exec(sys.executable, *args, stderr=log)
+
+    async def listening() -> bool:
+        try:
+            async with aiohttp.ClientSession() as http, http.get(url + "/v1/status/leader"):
+                return True
+        except aiohttp.ClientError:
+            return False
+
+    try:
+        await wait_until(listening, within=30, what="the simulator")
+        yield url
+    finally:
+        process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(process.wait(), 20)
+        log.close()
+
+
+@pytest.mark.slow
+async def test_poolkeeper_run_on_sim_exec_local_as_processes(
+    sim_process: str, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """The commands of docs/poseidon.md, each a process: one submission end to end."""
+    pools = write_pools(tmp_path / "pools.yaml", environment_pool("python", 10, 1))
+    controller = Process(pools, sim_process, tmp_path, options=("--poseidon-api",))
+    controller.start()
+    headers = {"Poseidon-Token": API_TOKEN}
+    base = controller.url + "/api/v1"
+    try:
+        await wait_until(controller.ready, within=30, what="the controller")
+
+        async def warm() -> bool:
+            statistics = base + "/statistics/execution-environments"
+            async with http.get(statistics, headers=headers) as response:
+                counts: dict[str, int] = (await response.json())["10"]
+            return counts["idleRunners"] == 1
+
+        await wait_until(warm, within=30, what="environment 10's idle runner")
+        claim = {"executionEnvironmentId": 10, "inactivityTimeout": 180}
+        async with http.post(base + "/runners", json=claim, headers=headers) as response:
+            runner = base + "/runners/" + (await response.json())["runnerId"]
+        copy = {"delete": ["./*"], "copy": [{"path": "hello.sh", "content": b64("echo hi")}]}
+        async with http.patch(runner + "/files", json=copy, headers=headers) as response:
+            assert response.status == 204
+        command = {"command": "bash hello.sh", "timeLimit": 10}
+        async with http.post(runner + "/execute", json=command, headers=headers) as response:
+            url = (await response.json())["websocketUrl"]
+        async with await Stream.open(url, headers=headers) as stream:
+            assert await stream.to_end() == {"type": "exit", "data": 0}
+            assert stream.frames[0] == {"type": "start"} and stream.output() == "hi\r\n"
+        async with http.delete(runner, headers=headers) as response:
+            assert response.status == 204
+    finally:
+        assert await controller.signal(signal.SIGTERM) == 0
+    assert "Traceback" not in controller.output()
