@@ -128,25 +128,18 @@ class Tally:
             self.idle_minutes[name] += value * seconds / 60
 
 
+@dataclass
 class Day:
-    def __init__(
-        self,
-        day: ClassDay,
-        controller: Controller,
-        sim: bench.SimProcess,
-        clock: DayClock,
-        pools: Path,
-    ) -> None:
-        self.day = day
-        self.controller = controller
-        self.sim = sim
-        self.clock = clock
-        self.pools_file = pools
-        self.tally = Tally()
-        self.http = aiohttp.ClientSession()
-        # Which pool a learner asks first: drawn apart from the arrivals, which stay those
-        # of SEED whatever else changes.
-        self.order = random.Random(SEED + 1)
+    day: ClassDay
+    controller: Controller
+    sim: bench.SimProcess
+    clock: DayClock
+    pools_file: Path
+    tally: Tally = field(default_factory=Tally)
+    http: aiohttp.ClientSession = field(default_factory=aiohttp.ClientSession)
+    # Which pool a learner asks first: drawn apart from the arrivals, which stay those
+    # of SEED whatever else changes.
+    order: random.Random = field(default_factory=lambda: random.Random(SEED + 1))
 
     def idle(self) -> dict[str, int]:
         engine = self.controller.engine
