@@ -188,6 +188,9 @@ class Execution:
             return self._outcome_of_halt()
         try:
             await manager.activity.touch(target)  # starting is activity
+            # Before the exec opens: the command may start (and its limit run) before the
+            # upgrade is answered, and its own `timeout` must count as a timeout.
+            opening = time.monotonic()
             async with manager.exec.session(
                 target.record.allocation_id,
                 TASK_NAME,
@@ -195,7 +198,7 @@ class Execution:
                 namespace=target.record.namespace,
                 tty=self.prepared.tty,
             ) as session:
-                return await self._drive(session, sink)
+                return await self._drive(session, sink, opening)
         except ServiceError as error:  # the claim is gone, or Nomad did not answer
             if error.code is ErrorCode.RUNNER_GONE:
                 return Outcome(Ending.ERROR, message=ended_message(error))
@@ -206,12 +209,11 @@ class Execution:
             message = await manager.activity.explain_failure(target, error)
             return Outcome(Ending.ERROR, message=message)
 
-    async def _drive(self, session: ExecSession, sink: OutputSink) -> Outcome:
+    async def _drive(self, session: ExecSession, sink: OutputSink, opening: float) -> Outcome:
         if self.prepared.tty:  # a terminal of no size would have programs wrap at column 0
             await session.resize(*TERMINAL_SIZE)
         marker = PidMarker()
         launched = asyncio.Event()
-        opened = time.monotonic()
         pump = asyncio.create_task(self._pump(session, sink, marker, launched))
         feeder = asyncio.create_task(self._feed(session, launched))
         fifo = self.prepared.stderr_fifo
@@ -222,7 +224,7 @@ class Execution:
             first: set[asyncio.Future[Any]] = {pump, self._halted}
             await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
             if not self._halted.done():
-                late = time.monotonic() - opened >= limit
+                late = time.monotonic() - opening >= limit
                 await self._drain_stderr(stderr)  # all of stderr comes before the end
                 return await self._ended(session, pump, late)
             ending, message = self._halted.result()

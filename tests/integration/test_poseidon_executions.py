@@ -11,12 +11,14 @@ import pwd
 import signal
 import sys
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
+from controller.core.times import parse_time
 from controller.lab.simulator import Simulator
 from controller.nomad.jobs import TASK_NAME
 from controller.standalone import Controller
@@ -272,28 +274,35 @@ async def test_inactivity_is_reset_by_starts_and_file_requests_not_by_execute(
     harness: Harness, tmp_path: Path, http
 ) -> None:
     clock = FakeClock()
-    controller = await start(harness, tmp_path, environment_pool("python", 10, 2), clock=clock)
+    controller = await start(harness, tmp_path, environment_pool("python", 10, 3), clock=clock)
     codeocean = CodeOcean(http, controller)
+    claimed_at = clock.now
+    stored_only, touched, started_one = [
+        await Session.claim(codeocean, 10, inactivity=30) for _ in range(3)
+    ]
 
-    stored_only = await Session.claim(codeocean, 10, inactivity=30)
+    def deadline(session: Session) -> timedelta:
+        """When the runner's claim expires, after the claims were made."""
+        items = harness.sim.variables("default")[f"poolkeeper/claims/{session.runner_id}"]
+        return parse_time(items["Items"]["expiresAt"]) - claimed_at
+
     clock.advance(20)
     assert (await stored_only.execute("true")).status == 200  # stored, not started
-    clock.advance(15)
-    expired = await stored_only.files()
-    assert (expired.status, expired.body) == (410, NO_RUNNER)
-
-    touched = await Session.claim(codeocean, 10, inactivity=30)
-    clock.advance(20)
+    assert deadline(stored_only) == timedelta(seconds=30)
     assert (await touched.files()).status == 200  # a file request is activity
-    clock.advance(15)
-    async with await touched.run("echo up; sleep 60") as stream:  # so is the start
+    assert deadline(touched) == timedelta(seconds=50)
+    async with await started_one.run("echo up; sleep 60") as stream:
         await stream.output_until("up")
+        assert deadline(started_one) == timedelta(seconds=50)  # so is the start
+        clock.advance(15)
+        expired = await stored_only.files()
+        assert (expired.status, expired.body) == (410, NO_RUNNER)
         # A running execution does not hold the runner: past its inactivity timeout,
         # the runner is gone and the execution ends with `timeout`.
-        clock.advance(31)
+        clock.advance(16)
         await controller.engine.reconcile_namespace("default")
         assert await stream.to_end() == {"type": "timeout"}
-    gone_runner = await touched.files()
+    gone_runner = await started_one.files()
     assert (gone_runner.status, gone_runner.body) == (410, NO_RUNNER)
 
 
