@@ -177,6 +177,14 @@ def _zero(kind: GoType) -> Any:
     return _ZERO[kind] if isinstance(kind, str) else None
 
 
+def _zero_item(kind: GoType) -> Any:
+    """What a null item of a slice becomes: a struct's zero value is its fields' (struct
+    fields themselves stay None, as Go's pointers to structs do)."""
+    if isinstance(kind, GoStruct):
+        return {name: _zero(field) for name, field in kind.fields.items()}
+    return _zero(kind)
+
+
 def _decode(value: Any, kind: GoType, struct: GoStruct, where: str) -> Any:
     """`value` (not null) as a field of `struct` of type `kind`; a type error names the
     innermost struct and the field's whole path, as Go's does."""
@@ -188,7 +196,7 @@ def _decode(value: Any, kind: GoType, struct: GoStruct, where: str) -> Any:
         if not isinstance(value, list):
             raise _type_error(value, struct, where, kind.name)
         return [
-            _zero(kind.item) if item is None else _decode(item, kind.item, struct, where)
+            _zero_item(kind.item) if item is None else _decode(item, kind.item, struct, where)
             for item in value
         ]
     if isinstance(kind, GoMap):

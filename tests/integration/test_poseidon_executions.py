@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import pwd
 import signal
@@ -17,12 +18,15 @@ from typing import Any
 
 import aiohttp
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from controller.core.times import parse_time
 from controller.lab.simulator import Simulator
 from controller.nomad.jobs import TASK_NAME
 from controller.standalone import Controller
 from tests.simulator.exec_support import alive
+from tests.support.fuzzing import against_live_service
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
@@ -461,3 +465,26 @@ async def test_poolkeeper_run_on_sim_exec_local_as_processes(
     finally:
         assert await controller.signal(signal.SIGTERM) == 0
     assert "Traceback" not in controller.output()
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=12,
+)
+FIELDS = ["delete", "copy", "path", "content", "command", "timeLimit", "environment"]
+BODIES = st.dictionaries(st.sampled_from(FIELDS), JSON_VALUES, max_size=4) | JSON_VALUES
+
+
+@given(body=BODIES, route=st.sampled_from(["PATCH /files", "POST /execute"]))
+@against_live_service(max_examples=60)
+async def test_any_body_is_answered_as_poseidon_would_never_with_a_traceback(
+    session: Session, body: Any, route: str
+) -> None:
+    method, suffix = route.split(" ")
+    answer = await session.codeocean.call(
+        method, session.path + suffix, raw=json.dumps(body).encode()
+    )
+    assert answer.status in (200, 204, 400), answer
+    if answer.status == 400:
+        assert set(answer.json()) == {"message"}, answer

@@ -125,6 +125,8 @@ def test_unsigned_integers_slices_and_their_zero_values() -> None:
         "exposedPorts": [80, 0, 65535],
         "copy": [{"path": "a/", "content": None}, {"path": "b", "content": b"hi"}],
     }
+    # null in a slice of structs is the struct's zero value, as in Go.
+    assert decode_struct('{"copy": [null]}', ENVIRONMENT)["copy"] == [{"path": "", "content": None}]
 
 
 @pytest.mark.parametrize(
