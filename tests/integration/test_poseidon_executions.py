@@ -488,3 +488,16 @@ async def test_any_body_is_answered_as_poseidon_would_never_with_a_traceback(
     assert answer.status in (200, 204, 400), answer
     if answer.status == 400:
         assert set(answer.json()) == {"message"}, answer
+
+
+@given(path=st.text(max_size=40), recursive=st.text(max_size=6))
+@against_live_service(max_examples=40)
+async def test_any_path_to_list_or_download_is_a_listing_a_file_or_424(
+    session: Session, path: str, recursive: str
+) -> None:
+    listed = await session.files(path=path, recursive=recursive)
+    assert listed.status in (200, 424), listed
+    raw = await session.codeocean.call("GET", session.path + "/files/raw", params={"path": path})
+    assert raw.status in (200, 424), raw
+    if raw.status == 424:
+        assert raw.body == NO_FILE
