@@ -193,6 +193,12 @@ async def codeocean_sequence(
     )
     flat = await session.files(path="tests", recursive="false")
     assert [entry["name"] for entry in flat.json()["files"]] == ["test_ex.py"]
+    one = await session.files(path="exercise.py")  # a file: its name as given
+    assert [entry["name"] for entry in one.json()["files"]] == ["exercise.py"]
+    (workspace / "link").symlink_to("exercise.py")
+    linked = {e["name"]: e for e in (await session.files(recursive="maybe")).json()["files"]}
+    assert (linked["./link"]["entryType"], linked["./link"]["linkTarget"]) == ("l", "exercise.py")
+    assert "linkTarget" not in linked["./exercise.py"]  # only links have one
 
     raw = await codeocean.call("GET", session.path + "/files/raw", params={"path": "exercise.py"})
     assert (raw.status, raw.body) == (200, EXERCISE.encode())
