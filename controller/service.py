@@ -43,13 +43,9 @@ from controller.nomad.config import ConfigError, NomadConfig
 from controller.nomad.errors import NomadError
 from controller.nomad.events import EventWatcher
 from controller.nomad.exec import NomadExec
-from controller.poseidon.app import PREFIX as POSEIDON_PREFIX
-from controller.poseidon.app import (
-    EnvironmentMode,
-    Poseidon,
-    PoseidonSettings,
-    create_poseidon_app,
-)
+from controller.poseidon.app import create_poseidon_app
+from controller.poseidon.context import PREFIX as POSEIDON_PREFIX
+from controller.poseidon.context import EnvironmentMode, Poseidon, PoseidonSettings
 from controller.sources.environments import (
     EnvironmentInvalid,
     EnvironmentStore,
@@ -357,7 +353,15 @@ class Service:
         )
         poseidon = self.service_settings.poseidon
         if poseidon.enabled:
-            context = Poseidon(self.engine, self.claims, self.tokens, poseidon, self.environments)
+            context = Poseidon(
+                self.engine,
+                self.claims,
+                self.tokens,
+                poseidon,
+                self.environments,
+                self.executions,
+                self.files,
+            )
             app.add_subapp(POSEIDON_PREFIX + "/", create_poseidon_app(context))
         self._runner = web.AppRunner(
             app, access_log=None, keepalive_timeout=HTTP_IDLE_TIMEOUT_SECONDS

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from controller.errors import ErrorCode, ServiceError
-
-# Seconds a request body may take to arrive after its headers.
-BODY_READ_TIMEOUT_SECONDS = 30.0
+from controller.executions.streaming import BODY_READ_TIMEOUT_SECONDS
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -34,33 +31,6 @@ async def read_json(request: web.Request) -> dict[str, Any]:
             f"the body did not arrive within {BODY_READ_TIMEOUT_SECONDS:g} s",
         ) from None
     return parse_json(raw)
-
-
-async def read_stream(request: web.Request, limit: int, write: Callable[[bytes], object]) -> None:
-    """A body of up to `limit` bytes handed to `write` as it arrives, for routes whose
-    bodies are larger than the API's usual limit (file uploads). 413 as soon as it is
-    larger; 408 when no data came for BODY_READ_TIMEOUT_SECONDS."""
-    too_large = ServiceError(
-        ErrorCode.PAYLOAD_TOO_LARGE, f"the body is larger than this request may be ({limit} bytes)"
-    )
-    if request.content_length is not None and request.content_length > limit:
-        raise too_large
-    received = 0
-    while True:
-        try:
-            async with asyncio.timeout(BODY_READ_TIMEOUT_SECONDS):
-                chunk = await request.content.readany()
-        except TimeoutError:
-            raise ServiceError(
-                ErrorCode.REQUEST_TIMEOUT,
-                f"no part of the body arrived for {BODY_READ_TIMEOUT_SECONDS:g} s",
-            ) from None
-        if not chunk:
-            return
-        received += len(chunk)
-        if received > limit:
-            raise too_large
-        write(chunk)
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:

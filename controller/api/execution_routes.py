@@ -11,13 +11,12 @@ cancels the execution (its command is killed), and is sent nothing more.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from controller.api.bodies import parse_json, read_body, read_stream, validated
+from controller.api.bodies import parse_json, read_body, validated
 from controller.api.models import (
     ExecutionBody,
     ExecutionCreated,
@@ -28,18 +27,21 @@ from controller.api.models import (
 from controller.api.route import NOT_CLAIMED, RUNNER_GONE, Route, runner_in_scope
 from controller.errors import ErrorCode, ServiceError
 from controller.executions.archives import Spool
-from controller.executions.commands import TextStream
 from controller.executions.files import FileOperations
 from controller.executions.manager import Ending, Execution, ExecutionManager, Outcome
+from controller.executions.streaming import (
+    StreamFrames,
+    json_upload_limit,
+    read_stream,
+    send_download,
+    serve_stream,
+    websocket_for,
+)
 
 EXECUTIONS_KEY: web.AppKey[ExecutionManager] = web.AppKey("executions", ExecutionManager)
 FILES_KEY: web.AppKey[FileOperations] = web.AppKey("files", FileOperations)
 
 TAR = "application/x-tar"
-# What a JSON upload may take on top of its files' base64 (4 characters per 3 bytes):
-# paths, modes and the JSON around them.
-JSON_UPLOAD_SLACK = 1024 * 1024
-CLIENT_FRAME_LIMIT = 1024 * 1024  # bytes of one stdin frame
 
 
 # ---- executions --------------------------------------------------------------------------
@@ -58,65 +60,11 @@ async def create_execution(request: web.Request) -> web.Response:
 
 
 async def stream_execution(request: web.Request) -> web.StreamResponse:
-    ws = web.WebSocketResponse(max_msg_size=CLIENT_FRAME_LIMIT)
-    if not ws.can_prepare(request).ok:
-        raise ServiceError(ErrorCode.INVALID_REQUEST, "this route is a WebSocket: upgrade to it")
+    ws = websocket_for(request)
     execution = request.app[EXECUTIONS_KEY].connect(
         request.match_info["runnerId"], request.match_info["executionId"]
     )
-    frames = StreamFrames(ws)
-    # The exec opens while the upgrade completes: its output waits for the start frame.
-    running = asyncio.create_task(execution.run(frames))
-    try:
-        await ws.prepare(request)
-    except BaseException:
-        execution.cancel()
-        await running
-        raise
-    await frames.start()
-    reading = asyncio.create_task(_client_frames(ws, execution))
-    try:
-        outcome = await running
-    finally:
-        reading.cancel()
-        await asyncio.gather(reading, return_exceptions=True)
-    if outcome.ending is not Ending.CANCELLED:
-        await frames.flush()
-        await frames.send(_terminal(outcome))
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            await ws.close(code=1000)
-    return ws
-
-
-class StreamFrames:
-    """An execution's output to its client, as stdout/stderr frames of text."""
-
-    def __init__(self, ws: web.WebSocketResponse) -> None:
-        self.ws = ws
-        self._text = {"stdout": TextStream(), "stderr": TextStream()}
-        self._started = asyncio.Event()
-
-    async def start(self) -> None:
-        await self.send({"type": "start"})
-        self._started.set()
-
-    async def output(self, stream: str, data: bytes) -> None:
-        text = self._text[stream].text(data)
-        if text:
-            await self._started.wait()
-            await self.send({"type": stream, "data": text})
-
-    async def flush(self) -> None:
-        """What a character cut off at the end left behind."""
-        for stream, decoder in self._text.items():
-            text = decoder.text(b"", final=True)
-            if text:
-                await self.send({"type": stream, "data": text})
-
-    async def send(self, frame: dict[str, Any]) -> None:
-        # A client gone: its reader cancels the execution, nothing is lost by not sending.
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            await self.ws.send_str(json.dumps(frame, ensure_ascii=False))
+    return await serve_stream(request, ws, execution, StreamFrames(ws), _client_frames, _terminal)
 
 
 def _terminal(outcome: Outcome) -> dict[str, Any]:
@@ -161,7 +109,7 @@ async def put_files(request: web.Request) -> web.Response:
             spool.close()
         return web.Response(status=204)
     raw = bytearray()
-    await read_stream(request, limit // 3 * 4 + 4 + JSON_UPLOAD_SLACK, raw.extend)
+    await read_stream(request, json_upload_limit(limit), raw.extend)
     parsed = await asyncio.to_thread(parse_json, bytes(raw))  # megabytes of base64
     body = validated(FilesBody, parsed)
     delete, archive = files.check_uploads(runner_id, body.to_uploads())
@@ -189,19 +137,7 @@ async def download_file(request: web.Request) -> web.StreamResponse:
     if path is None:
         raise ServiceError(ErrorCode.INVALID_REQUEST, "path: required")
     async with request.app[FILES_KEY].download(runner_id, path) as download:
-        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
-        response.content_length = download.size
-        await response.prepare(request)
-        try:
-            async for chunk in download.chunks():
-                await response.write(chunk)
-        except ServiceError:
-            # The status is sent: the one way left to say the body is wrong is to cut it.
-            if request.transport is not None:
-                request.transport.abort()
-            return response
-        await response.write_eof()
-        return response
+        return await send_download(request, download)
 
 
 # ---- the table ---------------------------------------------------------------------------

@@ -20,7 +20,8 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from controller.claims.service import MAX_WAIT_SECONDS, ClaimRequest
-from controller.executions.files import Uploads
+from controller.executions.commands import ENV_NAME_PATTERN
+from controller.executions.files import MAX_DELETE_BYTES, Uploads
 from controller.executions.manager import ExecutionRequest
 from controller.model import INT32_MAX, MAX_PATH_LENGTH
 
@@ -134,8 +135,6 @@ class ErrorBody(_Body):
 
 # ---- executions and files -------------------------------------------------------------------
 
-ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
-MAX_DELETE_BYTES = 64 * 1024  # the paths to delete travel in the exec's URL
 MAX_LISTED_PATHS = 10_000
 
 

@@ -44,9 +44,20 @@ class GoSlice:
         return "[]" + _type_name(self.item)
 
 
+@dataclass(frozen=True)
+class GoMap:
+    """A Go map from strings to another type (an object in JSON; null is nil)."""
+
+    value: GoType
+
+    @property
+    def name(self) -> str:
+        return "map[string]" + _type_name(self.value)
+
+
 # A basic kind ("string", "bool", "int", "int32", "uint", "uint16", "[]uint8" from
-# base64), a struct or a slice.
-GoType = str | GoStruct | GoSlice
+# base64), a struct, a slice or a map.
+GoType = str | GoStruct | GoSlice | GoMap
 
 
 def _type_name(kind: GoType) -> str:
@@ -166,6 +177,14 @@ def _zero(kind: GoType) -> Any:
     return _ZERO[kind] if isinstance(kind, str) else None
 
 
+def _zero_item(kind: GoType) -> Any:
+    """What a null item of a slice becomes: a struct's zero value is its fields' (struct
+    fields themselves stay None, as Go's pointers to structs do)."""
+    if isinstance(kind, GoStruct):
+        return {name: _zero(field) for name, field in kind.fields.items()}
+    return _zero(kind)
+
+
 def _decode(value: Any, kind: GoType, struct: GoStruct, where: str) -> Any:
     """`value` (not null) as a field of `struct` of type `kind`; a type error names the
     innermost struct and the field's whole path, as Go's does."""
@@ -177,9 +196,16 @@ def _decode(value: Any, kind: GoType, struct: GoStruct, where: str) -> Any:
         if not isinstance(value, list):
             raise _type_error(value, struct, where, kind.name)
         return [
-            _zero(kind.item) if item is None else _decode(item, kind.item, struct, where)
+            _zero_item(kind.item) if item is None else _decode(item, kind.item, struct, where)
             for item in value
         ]
+    if isinstance(kind, GoMap):
+        if not isinstance(value, dict):
+            raise _type_error(value, struct, where, kind.name)
+        return {
+            key: _zero(kind.value) if item is None else _decode(item, kind.value, struct, where)
+            for key, item in value.items()
+        }
     return _scalar(value, kind, struct, where)
 
 
@@ -211,9 +237,17 @@ def _base64(text: str) -> bytes:
         group = chars[start : start + 4]
         for j, (i, ch) in enumerate(group):
             if ch == "=":
-                padding = "".join(c for _, c in chars[start + j :])
-                if j < 2 or padding != "=" * (4 - j):
+                rest = chars[start + j + 1 :]
+                if j < 2:
                     raise GoJSONError(f"illegal base64 data at input byte {i}")
+                if j == 2:  # a second "=" must follow
+                    if not rest:
+                        raise GoJSONError(f"illegal base64 data at input byte {len(text)}")
+                    if rest[0][1] != "=":
+                        raise GoJSONError(f"illegal base64 data at input byte {i}")
+                    rest = rest[1:]
+                if rest:  # anything after the padding
+                    raise GoJSONError(f"illegal base64 data at input byte {rest[0][0]}")
                 break
             if ch not in _BASE64:
                 raise GoJSONError(f"illegal base64 data at input byte {i}")

@@ -7,7 +7,9 @@ use, and the runners with executions running in this process.
 - A runner with running executions is *busy*: while it is, its claim is renewed when half
   its inactivity timeout is left, so no process expires it, and this process's engine
   renews rather than expires it if a renewal came late (Engine.keep_claims_in_use). When
-  its last execution ends the claim is moved once more.
+  its last execution ends the claim is moved once more. Executions of the Poseidon API
+  do not keep the claim alive (Poseidon's inactivity timer runs on during them): they
+  are only stopped when it ends.
 - A busy runner's executions are stopped with an `error` frame when its claim ends: a
   release or expiry found by this process's claim service (at once), or whatever the
   engine's next observation shows (a tombstone written by another process, a lost
@@ -52,6 +54,7 @@ ENDED_MESSAGES = {
     ClaimState.LOST: LOST + "its allocation was lost, replaced or restarted",
     ClaimState.RETIRED: "runner retired",
 }
+OOM_KILLED = LOST + "the allocation was OOM killed"
 _MESSAGE_OF_REASON = {GONE_REASONS[state]: text for state, text in ENDED_MESSAGES.items()}
 
 
@@ -87,6 +90,8 @@ class _Busy:
     target: Target
     record: ClaimRecord
     executions: set[Stoppable] = field(default_factory=set)
+    holding: set[Stoppable] = field(default_factory=set)  # those that keep the claim alive
+    held: bool = False  # whether any did: then the claim is moved once more at the end
     keeper: asyncio.Task[None] | None = None
 
 
@@ -185,20 +190,25 @@ class Activity:
     # ---- busy runners ---------------------------------------------------------------------
 
     def in_use(self, runner_id: str) -> bool:
-        return runner_id in self._busy
+        busy = self._busy.get(runner_id)
+        return busy is not None and bool(busy.holding)
 
     def running(self, runner_id: str) -> int:
         busy = self._busy.get(runner_id)
         return 0 if busy is None else len(busy.executions)
 
-    def hold(self, target: Target, execution: Stoppable) -> None:
-        """An execution runs on the runner: keep its claim alive until `let_go`."""
+    def hold(self, target: Target, execution: Stoppable, *, keep_alive: bool = True) -> None:
+        """An execution runs on the runner: stop it when the claim ends, and (with
+        `keep_alive`) keep the claim alive until `let_go`."""
         runner_id = target.record.runner_id
         busy = self._busy.get(runner_id)
         if busy is None:
             busy = self._busy[runner_id] = _Busy(target, target.record)
             busy.keeper = asyncio.get_running_loop().create_task(self._keep(busy))
         busy.executions.add(execution)
+        if keep_alive:
+            busy.holding.add(execution)
+            busy.held = True
 
     def let_go(self, runner_id: str, execution: Stoppable) -> None:
         """The execution ended; the last one to end moves the deadline once more."""
@@ -206,12 +216,14 @@ class Activity:
         if busy is None:
             return
         busy.executions.discard(execution)
+        busy.holding.discard(execution)
         if busy.executions:
             return
         del self._busy[runner_id]
         if busy.keeper is not None:
             busy.keeper.cancel()
-        self._in_background(self._last_touch(Target(busy.target.view, busy.record)))
+        if busy.held:
+            self._in_background(self._last_touch(Target(busy.target.view, busy.record)))
 
     def stop_all(self, runner_id: str, message: str) -> None:
         busy = self._busy.get(runner_id)
@@ -254,19 +266,22 @@ class Activity:
         self.stop_all(runner_id, ENDED_MESSAGES[state])
 
     async def _keep(self, busy: _Busy) -> None:
-        """Renew the claim while half its timeout is left, and stop the executions when
-        an observation shows the claim ended."""
+        """Renew the claim while half its timeout is left (while an execution holds it),
+        and stop the executions when an observation shows the claim ended."""
         runner_id = busy.record.runner_id
         while True:
             timeout = busy.record.inactivity_timeout_seconds
             left = (busy.record.expires_at - self.engine.clock()).total_seconds()
-            await self.engine.wait_for_observation(busy.target.view.key, left - timeout / 2)
+            within = left - timeout / 2 if busy.holding else max(left, RETRY_SECONDS)
+            await self.engine.wait_for_observation(busy.target.view.key, within)
             message, expired = self._observed_end(busy)
             if message is not None:
                 if message.startswith(LOST):  # the allocation says more: OOM killed, stopped
                     message = await self._loss(busy.record) or message
                 self.stop_all(runner_id, message)
                 return
+            if not busy.holding:
+                continue
             left = (busy.record.expires_at - self.engine.clock()).total_seconds()
             if not expired and left > timeout / 2:
                 continue
@@ -323,7 +338,7 @@ def loss_reason(allocation: Mapping[str, Any] | None, claim: ClaimRecord) -> str
     if claim.allocation_restarts is None or view.restarts <= claim.allocation_restarts:
         return None
     if _oom_killed(allocation):
-        return LOST + "the allocation was OOM killed"
+        return OOM_KILLED
     return f"{LOST}allocation {claim.allocation_id} restarted its task"
 
 

@@ -37,6 +37,7 @@ PID_MARK = b"\x1e"
 _MARKER_LIMIT = 16
 
 # Exit codes the file scripts use to say what went wrong before any output.
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"  # of an execution's env variables
 EXIT_MISSING = 3
 EXIT_NOT_REGULAR = 4
 EXIT_NO_WORKING_DIR = 125
@@ -47,9 +48,23 @@ _ENTER = '[ -z "$1" ] || cd -- "$1" || exit 125; shift; '
 _LAUNCH = 'printf "\\036%s\\036" "$$"; [ -z "$1" ] || cd -- "$1" || exit; shift; '
 _LAUNCH += 'exec timeout -s KILL "$@"'
 _KILL_GROUP = 'kill -s KILL -- "-$1"'
-# $1 the working dir, $2 how many paths to delete, those paths, then the directory to
-# extract into (or "" for the working dir), then tar's own options.
+# Stderr apart from a terminal's output, through a FIFO $1: the command makes it (so it
+# may remove it), opens it once the reader (a second exec, whose output is the stderr)
+# has, removes it (nothing is left behind however either ends) and runs.
+_STDERR_INTO = 'f=$1; shift; mkfifo -m 600 "$f" || exit; exec 2>"$f"; rm -f "$f"; exec "$@"'
+_STDERR_READ = (
+    'until [ -e "$1" ] || [ -e "$1.end" ]; do sleep 0.01; done; '
+    '[ -p "$1" ] && exec cat "$1"; exit 0'
+)
+# A reader left waiting (its command never made the FIFO, or died before opening it)
+# is ended by opening the FIFO, or by the `.end` file it also waits for.
+_STDERR_END = '[ -p "$1" ] && { : >"$1"; rm -f "$1"; }; : >"$1.end"; sleep 0.2; rm -f "$1.end"'
+STDERR_FIFO_DIR = "/tmp"
+# $1 the working dir, $2 "contents" to delete what it holds first (but dot files, as a
+# shell's `./*`), $3 how many paths to delete, those paths, then the directory to extract
+# into (or "" for the working dir), then tar's own options.
 _UPLOAD = _ENTER + (
+    'if [ "$1" = contents ]; then rm -rf -- ./* || exit; fi; shift; '
     'n=$1; shift; while [ "$n" -gt 0 ]; do rm -rf -- "$1" || exit; shift; n=$((n - 1)); done; '
     'target=$1; shift; [ -z "$target" ] || { mkdir -p -- "$target" && cd -- "$target"; } '
     '|| exit; exec tar -x -f - "$@"'
@@ -63,9 +78,10 @@ _LIST = _ENTER + (
     'exec find -H "$1" -maxdepth 0 -printf "$3"'
 )
 # Type, permission bits (octal), size, mtime (epoch seconds with a fraction), the path
-# below the listed one, the link target: each ends in NUL, the one byte no name holds.
-_LIST_FIELDS = 6
-_LIST_FORMAT = "%y\\0%m\\0%s\\0%T@\\0%P\\0%l\\0"
+# below the listed one, the link target, owner, group: each ends in NUL, the one byte no
+# name holds.
+_LIST_FIELDS = 8
+_LIST_FORMAT = "%y\\0%m\\0%s\\0%T@\\0%P\\0%l\\0%u\\0%g\\0"
 # $1 the working dir, $2 the file: its size on a line of its own, then its bytes.
 _DOWNLOAD = _ENTER + (
     '[ -e "$1" ] || exit 3; [ -f "$1" ] || exit 4; stat -L -c %s -- "$1" || exit; exec cat -- "$1"'
@@ -146,6 +162,23 @@ def execution_command(
     return [*launcher, *prefix, *argv]
 
 
+def stderr_into(fifo: str, command: str | Sequence[str]) -> list[str]:
+    """`command` (a string runs as `/bin/sh -c`) with its stderr into `fifo`, which it
+    makes, and opens once the reader (stderr_reader_command) has."""
+    argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+    return ["/bin/sh", "-c", _STDERR_INTO, LAUNCHER_NAME, fifo, *argv]
+
+
+def stderr_reader_command(fifo: str) -> list[str]:
+    """Wait for `fifo`, then print what comes through it."""
+    return ["/bin/sh", "-c", _STDERR_READ, LAUNCHER_NAME, fifo]
+
+
+def stderr_end_command(fifo: str) -> list[str]:
+    """End a reader still waiting for its command to open `fifo`."""
+    return ["/bin/sh", "-c", _STDERR_END, LAUNCHER_NAME, fifo]
+
+
 def kill_command(pid: int) -> list[str]:
     """SIGKILL to an execution's process group, from a second exec."""
     return ["/bin/sh", "-c", _KILL_GROUP, LAUNCHER_NAME, str(pid)]
@@ -196,18 +229,24 @@ class TextStream:
 
 
 def upload_command(
-    pool_dir: str | None, delete: Sequence[RunnerPath], target: RunnerPath | None, *, own: bool
+    pool_dir: str | None,
+    delete: Sequence[RunnerPath],
+    target: RunnerPath | None,
+    *,
+    own: bool,
+    clear: bool = False,
 ) -> list[str]:
-    """Delete `delete` (recursively), then extract the tar on stdin, into `target` (made
-    if missing) or the working directory. `own`: the archive is poolkeeper's (names
-    already checked, absolute ones kept: `-P`); otherwise it is a client's, checked too,
-    and tar's own guards (no leading `/`, no `..`) stay on."""
+    """Delete the working directory's contents but dot files (`clear`) and `delete`
+    (recursively), then extract the tar on stdin, into `target` (made if missing) or the
+    working directory. `own`: the archive is poolkeeper's (names already checked,
+    absolute ones kept: `-P`); otherwise it is a client's, checked too, and tar's own
+    guards (no leading `/`, no `..`) stay on."""
     paths = [p.argument for p in delete]
     options = ["-P"] if own else []
     into = "" if target is None else target.argument
     return [
-        "/bin/sh", "-c", _UPLOAD, LAUNCHER_NAME, pool_dir or "", str(len(paths)), *paths,
-        into, *options,
+        "/bin/sh", "-c", _UPLOAD, LAUNCHER_NAME, pool_dir or "",
+        "contents" if clear else "keep", str(len(paths)), *paths, into, *options,
     ]  # fmt: skip
 
 
@@ -230,6 +269,14 @@ class FileEntry:
     mode: str  # octal, "0644"
     modified_at: str  # RFC 3339 UTC
     link_target: str | None
+    # As the runner shows them (not in the API's entries): the path below the listed
+    # one ("" for the listed path itself), find's type letter (`f`, `d`, `l`, `b`, `c`,
+    # `p`, `s`, `D`), the time in epoch seconds, owner and group names.
+    below: str = ""
+    kind: str = "f"
+    modified_epoch: int = 0
+    owner: str = ""
+    group: str = ""
 
     def to_dict(self) -> dict[str, object]:
         entry: dict[str, object] = {
@@ -254,17 +301,23 @@ def parse_listing(output: bytes, listed: RunnerPath) -> list[FileEntry]:
     entries = []
     base = "" if listed.shown == "." else listed.shown
     for start in range(0, len(fields) - 1, _LIST_FIELDS):
-        kind, mode, size, mtime, below, target = fields[start : start + _LIST_FIELDS]
+        kind, mode, size, mtime, below, target, owner, group = fields[start : start + _LIST_FIELDS]
         name = below.decode("utf-8", "replace")
         path = posixpath.join(base, name) if name else base
+        modified = _epoch_time(mtime.decode("ascii"))
         entries.append(
             FileEntry(
                 path=path,
                 type=_TYPES.get(kind.decode("ascii", "replace"), "other"),
                 size=int(size),
                 mode=f"{int(mode, 8):04o}",
-                modified_at=format_time(_epoch_time(mtime.decode("ascii"))),
+                modified_at=format_time(modified),
                 link_target=target.decode("utf-8", "replace") if kind == b"l" else None,
+                below=name,
+                kind=kind.decode("ascii", "replace"),
+                modified_epoch=int(modified.timestamp()),
+                owner=owner.decode("utf-8", "replace"),
+                group=group.decode("utf-8", "replace"),
             )
         )
     return sorted(entries, key=lambda entry: entry.path)

@@ -50,6 +50,7 @@ OPERATION_SECONDS = 300.0
 LISTING_LIMIT = 16 * 1024 * 1024  # bytes of `find` output
 STDERR_LIMIT = 4096  # of a failed command, for the error message
 FIND_PARTIAL = 1  # find's exit code when some entries could not be read
+MAX_DELETE_BYTES = 64 * 1024  # of an upload's paths to delete: they travel in the exec's URL
 
 
 @dataclass(frozen=True)
@@ -105,11 +106,18 @@ class FileOperations:
             raise _invalid(str(error)) from None
 
     async def upload(
-        self, runner_id: str, delete: Sequence[RunnerPath], archive: Spool, *, own: bool
+        self,
+        runner_id: str,
+        delete: Sequence[RunnerPath],
+        archive: Spool,
+        *,
+        own: bool,
+        clear: bool = False,
     ) -> None:
-        """Delete, then extract `archive`: poolkeeper's own (`own`, from check_uploads)
-        into the working directory, or a client's (checked here first)."""
-        await self._upload(runner_id, delete, None, archive, own=own)
+        """Delete (with `clear`, first the working directory's contents but dot files),
+        then extract `archive`: poolkeeper's own (`own`, from check_uploads) into the
+        working directory, or a client's (checked here first)."""
+        await self._upload(runner_id, delete, None, archive, own=own, clear=clear)
 
     async def upload_tar(self, runner_id: str, into: str | None, archive: Spool) -> None:
         """Extract a client's tar archive under `into` (default the working directory)."""
@@ -124,6 +132,7 @@ class FileOperations:
         archive: Spool,
         *,
         own: bool,
+        clear: bool = False,
     ) -> None:
         if not own:
             try:
@@ -131,7 +140,7 @@ class FileOperations:
             except InvalidValue as error:
                 raise _invalid(str(error)) from None
         async with self._counted(runner_id, "upload") as target:
-            argv = upload_command(target.spec.working_dir, delete, into, own=own)
+            argv = upload_command(target.spec.working_dir, delete, into, own=own, clear=clear)
             run = await self._run(target, argv, archive.chunks())
             self._check_exit(run, target, what="the upload")
 
@@ -140,6 +149,11 @@ class FileOperations:
     async def listing(
         self, runner_id: str, path: str | None, recursive: bool
     ) -> list[dict[str, object]]:
+        return [entry.to_dict() for entry in await self.entries(runner_id, path, recursive)]
+
+    async def entries(self, runner_id: str, path: str | None, recursive: bool) -> list[FileEntry]:
+        """The entries below `path` (default the working directory), or `path` itself
+        when it is no directory."""
         listed = _path("path", path or ".", allow_base=True)
         async with self._counted(runner_id, "list") as target:
             argv = list_command(target.spec.working_dir, listed, recursive=recursive)
@@ -149,10 +163,9 @@ class FileOperations:
             else:
                 self._check_exit(run, target, what="the listing", path=listed)
             try:
-                entries: list[FileEntry] = parse_listing(bytes(run.stdout), listed)
+                return parse_listing(bytes(run.stdout), listed)
             except ValueError as error:
                 raise _failed(f"the listing could not be read: {error}") from None
-            return [entry.to_dict() for entry in entries]
 
     @contextlib.asynccontextmanager
     async def download(self, runner_id: str, path: str) -> AsyncIterator[Download]:

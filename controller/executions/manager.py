@@ -17,10 +17,11 @@ Either way an execution ends in exactly one way:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -30,10 +31,14 @@ from controller.engine.engine import Engine
 from controller.errors import ErrorCode, ServiceError
 from controller.executions.activity import Activity, Target, ended_message
 from controller.executions.commands import (
+    STDERR_FIFO_DIR,
     InvalidValue,
     PidMarker,
     execution_command,
     kill_command,
+    stderr_end_command,
+    stderr_into,
+    stderr_reader_command,
     working_dir,
 )
 from controller.metrics import Metrics
@@ -51,6 +56,7 @@ WAITED_OUTPUT_LIMIT = 1024 * 1024  # bytes per stream
 SIGKILL_EXIT = 128 + 9
 TERMINAL_SIZE = (24, 80)  # rows, columns: what a terminal opens with
 STOP_WAIT_SECONDS = 5.0
+STDERR_DRAIN_SECONDS = 1.0  # for a stderr reader to end after its command
 
 
 class Ending(StrEnum):
@@ -80,6 +86,9 @@ class ExecutionRequest:
     tty: bool = False
     privileged: bool | None = None  # None: true unless the pool has an unprivileged wrapper
     stdin: str | None = None
+    # With tty: stderr still apart from the terminal, through a FIFO a second exec reads
+    # (as Poseidon runs interactive commands).
+    stderr_apart: bool = False
 
 
 class OutputSink(Protocol):
@@ -105,6 +114,15 @@ class WaitedOutput:
         return self.streams[stream].decode("utf-8", "replace")
 
 
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """A request's argv and time limit, checked; the FIFO of a stderr kept apart."""
+
+    argv: list[str]
+    time_limit_seconds: int
+    stderr_fifo: str | None
+
+
 @dataclass
 class Prepared:
     """An execution checked and ready to run (a streamed one waits for its socket)."""
@@ -115,6 +133,8 @@ class Prepared:
     tty: bool
     time_limit_seconds: int
     stdin: bytes | None
+    keeps_claim: bool = True  # the claim is kept alive while it runs (Activity.hold)
+    stderr_fifo: str | None = None  # stderr apart from a terminal: the FIFO it goes through
 
 
 class Execution:
@@ -168,6 +188,9 @@ class Execution:
             return self._outcome_of_halt()
         try:
             await manager.activity.touch(target)  # starting is activity
+            # Before the exec opens: the command may start (and its limit run) before the
+            # upgrade is answered, and its own `timeout` must count as a timeout.
+            opening = time.monotonic()
             async with manager.exec.session(
                 target.record.allocation_id,
                 TASK_NAME,
@@ -175,7 +198,7 @@ class Execution:
                 namespace=target.record.namespace,
                 tty=self.prepared.tty,
             ) as session:
-                return await self._drive(session, sink)
+                return await self._drive(session, sink, opening)
         except ServiceError as error:  # the claim is gone, or Nomad did not answer
             if error.code is ErrorCode.RUNNER_GONE:
                 return Outcome(Ending.ERROR, message=ended_message(error))
@@ -186,21 +209,24 @@ class Execution:
             message = await manager.activity.explain_failure(target, error)
             return Outcome(Ending.ERROR, message=message)
 
-    async def _drive(self, session: ExecSession, sink: OutputSink) -> Outcome:
+    async def _drive(self, session: ExecSession, sink: OutputSink, opening: float) -> Outcome:
         if self.prepared.tty:  # a terminal of no size would have programs wrap at column 0
             await session.resize(*TERMINAL_SIZE)
         marker = PidMarker()
         launched = asyncio.Event()
-        opened = time.monotonic()
         pump = asyncio.create_task(self._pump(session, sink, marker, launched))
         feeder = asyncio.create_task(self._feed(session, launched))
+        fifo = self.prepared.stderr_fifo
+        stderr = asyncio.create_task(self._read_stderr(fifo, sink) if fifo else asyncio.sleep(0))
         limit = self.prepared.time_limit_seconds
         deadline = asyncio.get_running_loop().call_later(limit, self._halt, Ending.TIMEOUT, "")
         try:
             first: set[asyncio.Future[Any]] = {pump, self._halted}
             await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
             if not self._halted.done():
-                return await self._ended(session, pump, time.monotonic() - opened >= limit)
+                late = time.monotonic() - opening >= limit
+                await self._drain_stderr(stderr)  # all of stderr comes before the end
+                return await self._ended(session, pump, late)
             ending, message = self._halted.result()
             if ending is Ending.ERROR or pump.done():
                 return Outcome(ending, message=message)
@@ -211,9 +237,9 @@ class Execution:
             return Outcome(ending)
         finally:
             deadline.cancel()
-            for task in (pump, feeder):
+            for task in (pump, feeder, stderr):
                 task.cancel()
-            await asyncio.gather(pump, feeder, return_exceptions=True)
+            await asyncio.gather(pump, feeder, stderr, return_exceptions=True)
 
     def _outcome_of_halt(self) -> Outcome:
         ending, message = self._halted.result()
@@ -248,6 +274,29 @@ class Execution:
                     launched.set()
             if data:
                 await sink.output(output.stream, data)
+
+    async def _read_stderr(self, fifo: str, sink: OutputSink) -> None:
+        """The command's stderr, from the second exec that reads its FIFO."""
+        target = self.prepared.target
+
+        async def stderr(data: bytes) -> None:
+            await sink.output("stderr", data)
+
+        try:
+            await self._manager.beside(target, stderr_reader_command(fifo), stderr, within=None)
+        except NomadError as error:
+            log.warning("no stderr from an execution on %s: %s", target.record.runner_id, error)
+
+    async def _drain_stderr(self, stderr: asyncio.Task[None]) -> None:
+        """Wait for the stderr reader to end after its command (a reader whose command
+        never opened the FIFO is ended)."""
+        fifo = self.prepared.stderr_fifo
+        await asyncio.wait({stderr}, timeout=STDERR_DRAIN_SECONDS)
+        if stderr.done() or fifo is None:
+            return
+        with contextlib.suppress(NomadError, TimeoutError):
+            await self._manager.beside(self.prepared.target, stderr_end_command(fifo))
+        await asyncio.wait({stderr}, timeout=STDERR_DRAIN_SECONDS)
 
     async def _feed(self, session: ExecSession, launched: asyncio.Event) -> None:
         # After the launcher's PID: a terminal would otherwise echo input before it.
@@ -300,13 +349,22 @@ class ExecutionManager:
             "durationSeconds": round(execution.seconds, 3),
         }
 
-    async def create(self, runner_id: str, request: ExecutionRequest) -> str:
-        """A streamed execution, run when its socket opens; its ID."""
+    async def create(
+        self,
+        runner_id: str,
+        request: ExecutionRequest,
+        *,
+        connect_within: float = CONNECT_WITHIN_SECONDS,
+        keeps_claim: bool = True,
+    ) -> str:
+        """A streamed execution, run when its socket opens within `connect_within`
+        seconds; its ID. `keeps_claim`: the claim is kept alive while it runs."""
         check = self._checked(runner_id, request)
         target = await self.activity.live(runner_id)  # it starts, and is activity, later
         prepared = self._prepare(target, request, check)
+        prepared.keeps_claim = keeps_claim
         expiry = asyncio.get_running_loop().call_later(
-            CONNECT_WITHIN_SECONDS, self._pending.pop, prepared.id, None
+            connect_within, self._pending.pop, prepared.id, None
         )
         self._pending[prepared.id] = (prepared, expiry)
         return prepared.id
@@ -314,17 +372,24 @@ class ExecutionManager:
     def connect(self, runner_id: str, execution_id: str) -> Execution:
         """The streamed execution `execution_id` of the runner, now running (counted);
         404 for an unknown, used or stale ID, 409 past the pool's maxConcurrent."""
-        pending = self._pending.get(execution_id)
-        if pending is None or pending[0].target.record.runner_id != runner_id:
-            raise ServiceError(
-                ErrorCode.EXECUTION_NOT_FOUND,
-                "no such execution: unknown, already connected, or not connected within "
-                f"{CONNECT_WITHIN_SECONDS:g} s",
-            )
+        pending = self._waiting(runner_id, execution_id)
         execution = self.start(pending[0])  # 409 leaves it pending, to be tried again
         del self._pending[execution_id]
         pending[1].cancel()
         return execution
+
+    def expect(self, runner_id: str, execution_id: str) -> None:
+        """404 unless `connect` would find the execution (it may still be refused 409)."""
+        self._waiting(runner_id, execution_id)
+
+    def _waiting(self, runner_id: str, execution_id: str) -> tuple[Prepared, asyncio.TimerHandle]:
+        pending = self._pending.get(execution_id)
+        if pending is None or pending[0].target.record.runner_id != runner_id:
+            raise ServiceError(
+                ErrorCode.EXECUTION_NOT_FOUND,
+                "no such execution: unknown, already connected, or not connected in time",
+            )
+        return pending
 
     def start(self, prepared: Prepared) -> Execution:
         target = prepared.target
@@ -336,7 +401,7 @@ class ExecutionManager:
                 f"runner {runner_id} already runs {limit} executions (maxConcurrent)",
             )
         execution = Execution(self, prepared)
-        self.activity.hold(target, execution)
+        self.activity.hold(target, execution, keep_alive=prepared.keeps_claim)
         self._running.add(execution)
         return execution
 
@@ -371,18 +436,31 @@ class ExecutionManager:
         if pid is None:
             return  # the launcher never ran: nothing started that could be killed
         try:
-            async with asyncio.timeout(KILL_GRACE_SECONDS):
-                async with self.exec.session(
-                    target.record.allocation_id,
-                    TASK_NAME,
-                    kill_command(pid),
-                    namespace=target.record.namespace,
-                ) as session:
-                    await session.close_stdin()
-                    async for _ in session.output():
-                        pass
+            await self.beside(target, kill_command(pid))
         except (NomadError, TimeoutError) as error:
             log.warning("could not kill an execution on %s: %s", target.record.runner_id, error)
+
+    async def beside(
+        self,
+        target: Target,
+        argv: list[str],
+        stdout: Callable[[bytes], Awaitable[None]] | None = None,
+        *,
+        within: float | None = KILL_GRACE_SECONDS,
+    ) -> None:
+        """An exec of `argv` beside an execution (no stdin), its stdout to `stdout`, to
+        its end or for `within` seconds (TimeoutError); NomadError when Nomad refuses."""
+        async with asyncio.timeout(within):
+            async with self.exec.session(
+                target.record.allocation_id,
+                TASK_NAME,
+                argv,
+                namespace=target.record.namespace,
+            ) as session:
+                await session.close_stdin()
+                async for output in session.output():
+                    if stdout is not None and output.stream == "stdout":
+                        await stdout(output.data)
 
     async def retire(self, execution: Execution, why: str) -> None:
         runner_id = execution.runner_id
@@ -394,7 +472,7 @@ class ExecutionManager:
 
     # ---- checks ---------------------------------------------------------------------------
 
-    def _checked(self, runner_id: str, request: ExecutionRequest) -> tuple[list[str], int]:
+    def _checked(self, runner_id: str, request: ExecutionRequest) -> Checked:
         """The argv and time limit of the request, checked against the pool's settings
         before anything is read or written (400 InvalidRequest)."""
         spec = self.activity.spec(runner_id)
@@ -406,9 +484,13 @@ class ExecutionManager:
             )
         wrapper = spec.unprivileged_wrapper
         privileged = request.privileged if request.privileged is not None else not wrapper
+        command, fifo = request.command, None
+        if request.tty and request.stderr_apart:
+            fifo = f"{STDERR_FIFO_DIR}/poolkeeper-stderr-{secrets.token_hex(16)}"
+            command = stderr_into(fifo, command)
         try:
             argv = execution_command(
-                request.command,
+                command,
                 time_limit_seconds=limit,
                 directory=working_dir(spec.working_dir, request.working_dir),
                 env=request.env,
@@ -416,15 +498,20 @@ class ExecutionManager:
             )
         except InvalidValue as error:
             raise _invalid(str(error)) from None
-        return argv, limit
+        return Checked(argv, limit, fifo)
 
-    def _prepare(
-        self, target: Target, request: ExecutionRequest, check: tuple[list[str], int]
-    ) -> Prepared:
-        argv, limit = check
+    def _prepare(self, target: Target, request: ExecutionRequest, check: Checked) -> Prepared:
         stdin = request.stdin.encode() if request.stdin else None
         execution_id = secrets.token_urlsafe(EXECUTION_ID_BYTES)
-        return Prepared(execution_id, target, argv, request.tty, limit, stdin)
+        return Prepared(
+            execution_id,
+            target,
+            check.argv,
+            request.tty,
+            check.time_limit_seconds,
+            stdin,
+            stderr_fifo=check.stderr_fifo,
+        )
 
 
 def _invalid(message: str) -> ServiceError:

@@ -11,31 +11,30 @@ environments, 410 for their runners), as Poseidon has no 403.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from enum import StrEnum
-from pathlib import Path
 from typing import Final
 
 from aiohttp import web
 
 from controller import __version__
-from controller.api.auth import EVERY_POOL, SCOPE_KEY, Handler, Scope, TokenSet, scope
-from controller.claims.service import ClaimRequest, ClaimService
+from controller.api.auth import SCOPE_KEY, Handler, Scope, TokenSet, scope
+from controller.claims.service import ClaimRequest
 from controller.core.gojson import go_bool, go_int
-from controller.core.times import parse_time
-from controller.engine.engine import Engine
 from controller.engine.registry import PoolView
 from controller.errors import ErrorCode as ServiceCode
 from controller.errors import ServiceError
 from controller.model import POSEIDON_ENVIRONMENT_LABEL
 from controller.nomad.errors import NomadError
-from controller.poseidon.environments import (
-    depleting,
-    described,
-    environment_body,
-    environment_pools,
-    statistics,
+from controller.poseidon import executions, files
+from controller.poseidon.context import (
+    NO_ENVIRONMENT,
+    POSEIDON_KEY,
+    PREFIX,
+    Poseidon,
+    claimed_runner,
+    from_service_error,
+    poseidon,
 )
+from controller.poseidon.environments import depleting, described, environment_body, statistics
 from controller.poseidon.wire import (
     ENVIRONMENT_REQUEST,
     RUNNER_REQUEST,
@@ -45,64 +44,11 @@ from controller.poseidon.wire import (
     bad_request,
     read_struct,
 )
-from controller.sources.environments import (
-    Environment,
-    EnvironmentInvalid,
-    EnvironmentStore,
-    EnvironmentTaken,
-)
+from controller.sources.environments import Environment, EnvironmentInvalid, EnvironmentTaken
 
 log = logging.getLogger(__name__)
 
-PREFIX: Final = "/api/v1"
 TOKEN_HEADER: Final = "Poseidon-Token"
-# Poseidon's texts, which its client may match.
-NO_RUNNER: Final = "abstract manager wrapped: no runner found with this id"
-NO_ENVIRONMENT: Final = "nomad wrapped: execution environment not found"
-NO_IDLE_RUNNER: Final = "no runners available for this execution environment"
-
-
-class EnvironmentMode(StrEnum):
-    """What `PUT` and `DELETE /execution-environments/{id}` may do."""
-
-    READONLY = "readonly"  # pools come from the files or resources; PUT only checks them
-    MANAGED = "managed"  # PUT and DELETE keep environments in Nomad, a pool each
-
-
-@dataclass(frozen=True)
-class PoseidonSettings:
-    enabled: bool = False
-    environments: EnvironmentMode = EnvironmentMode.READONLY
-    # /health is 503 when an environment's idle runners fall below this share of its
-    # prewarming pool size; 0 never (Poseidon's default).
-    depleting_threshold: float = 0.0
-    # managed: the RunnerPool document every environment's pool starts from.
-    environment_template: Path | None = None
-
-
-@dataclass(frozen=True)
-class Poseidon:
-    """What the routes are served from."""
-
-    engine: Engine
-    claims: ClaimService
-    tokens: TokenSet
-    settings: PoseidonSettings
-    store: EnvironmentStore | None  # managed environments (None: readonly)
-
-    def serving(self, visible: Scope = EVERY_POOL) -> dict[int, PoolView]:
-        managed = self.store.keys if self.store is not None else frozenset()
-        return environment_pools(self.engine, managed, visible)
-
-    def is_managed(self, view: PoolView) -> bool:
-        return self.store is not None and view.key in self.store.keys
-
-
-POSEIDON_KEY: Final = web.AppKey("poseidon", Poseidon)
-
-
-def poseidon(request: web.Request) -> Poseidon:
-    return request.app[POSEIDON_KEY]
 
 
 # ---- environments ----------------------------------------------------------------------
@@ -239,23 +185,6 @@ async def delete_environment(request: web.Request) -> web.Response:
 # ---- runners ---------------------------------------------------------------------------
 
 
-def from_service_error(error: ServiceError) -> PoseidonError:
-    """A claim service error as Poseidon answers the same situation."""
-    match error.code:
-        case ServiceCode.POOL_EMPTY:
-            return PoseidonError(500, NO_IDLE_RUNNER, ErrorCode.NOMAD_OVERLOAD)
-        case ServiceCode.POOL_NOT_FOUND:
-            return PoseidonError(404, NO_ENVIRONMENT)
-        case ServiceCode.RUNNER_NOT_FOUND | ServiceCode.RUNNER_GONE:
-            return PoseidonError(410, NO_RUNNER)
-        case ServiceCode.INVALID_REQUEST:
-            return bad_request(error.message)
-        case ServiceCode.NOMAD_UNAVAILABLE:
-            return PoseidonError(500, error.message, ErrorCode.NOMAD_UNREACHABLE)
-        case _:
-            return PoseidonError(500, error.message, ErrorCode.UNKNOWN)
-
-
 async def claim_runner(request: web.Request) -> web.Response:
     body = await read_struct(request, RUNNER_REQUEST)
     env_id, timeout = body["executionEnvironmentId"], body["inactivityTimeout"]
@@ -284,27 +213,6 @@ def longest_inactivity(view: PoolView) -> int:
     """The longest inactivity timeout the pool allows (also what 0 means)."""
     assert view.pool is not None
     return view.pool.spec.claims.max_inactivity_timeout_seconds
-
-
-async def claimed_runner(request: web.Request) -> str:
-    """The route's runner: claimed, unexpired, of an environment the token sees; 410 with
-    Poseidon's text otherwise."""
-    runner_id = request.match_info["runnerId"]
-    context = poseidon(request)
-    try:
-        view = context.claims.pool_of_runner(runner_id)
-        if (
-            view.pool is None
-            or view.pool.poseidon_environment is None
-            or not scope(request).allows(view.key)
-        ):
-            raise PoseidonError(410, NO_RUNNER)
-        claim = await context.claims.get(runner_id)
-    except ServiceError as error:
-        raise from_service_error(error) from None
-    if parse_time(claim["expiresAt"]) <= context.engine.clock():
-        raise PoseidonError(410, NO_RUNNER)  # expired: its end is being written down
-    return runner_id
 
 
 async def delete_runner(request: web.Request) -> web.Response:
@@ -373,4 +281,9 @@ def create_poseidon_app(context: Poseidon) -> web.Application:
     router.add_delete(ENVIRONMENT, delete_environment)
     router.add_post("/runners", claim_runner)
     router.add_delete(RUNNER, delete_runner)
+    router.add_get(RUNNER + "/files", files.list_files)
+    router.add_patch(RUNNER + "/files", files.patch_files)
+    router.add_get(RUNNER + "/files/raw", files.download_file)
+    router.add_post(RUNNER + "/execute", executions.execute)
+    router.add_get(RUNNER + "/websocket", executions.websocket)
     return app

@@ -13,6 +13,7 @@ from aiohttp import web
 from controller.core.gojson import (
     JSON,
     GoJSONError,
+    GoMap,
     GoSlice,
     GoStruct,
     decode_struct,
@@ -35,6 +36,22 @@ ENVIRONMENT_REQUEST: Final = GoStruct(
 )
 RUNNER_REQUEST: Final = GoStruct(
     "dto.RunnerRequest", {"executionEnvironmentId": "int", "inactivityTimeout": "int"}
+)
+UPDATE_FILE_SYSTEM_REQUEST: Final = GoStruct(
+    "dto.UpdateFileSystemRequest",
+    {
+        "delete": GoSlice("string"),
+        "copy": GoSlice(GoStruct("dto.File", {"path": "string", "content": "[]uint8"})),
+    },
+)
+EXECUTION_REQUEST: Final = GoStruct(
+    "dto.ExecutionRequest",
+    {
+        "command": "string",
+        "timeLimit": "int",
+        "privilegedExecution": "bool",
+        "environment": GoMap("string"),
+    },
 )
 
 
@@ -88,6 +105,11 @@ async def read_struct(request: web.Request, struct: GoStruct) -> JSON:
         raise bad_request("the body did not arrive in time") from None
     except web.HTTPRequestEntityTooLarge:
         raise PoseidonError(413, "the request body is too large") from None
+    return decoded(raw, struct)
+
+
+def decoded(raw: bytes, struct: GoStruct) -> JSON:
+    """A body already read, decoded as `read_struct` decodes it."""
     text = raw.decode("utf-8", errors="replace")
     try:
         return decode_struct(text, struct)

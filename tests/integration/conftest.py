@@ -18,7 +18,7 @@ from controller.engine.engine import Clock
 from controller.lab.invariants import NomadJob, PoolSnapshot, check_invariants
 from controller.lab.simulator import SimServer, Simulator, start_sim
 from controller.nomad.config import NomadConfig
-from controller.poseidon.app import PoseidonSettings
+from controller.poseidon.context import PoseidonSettings
 from controller.standalone import Controller, Settings
 from tests.integration.fake_http import Loopback
 from tests.support.waiting import wait_until

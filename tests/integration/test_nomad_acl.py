@@ -13,7 +13,7 @@ from controller.claims.service import ClaimRequest
 from controller.lab.simulator import SimServer, Simulator, start_sim
 from controller.nomad.config import NomadConfig
 from controller.nomad.errors import NomadError
-from controller.poseidon.app import EnvironmentMode, PoseidonSettings
+from controller.poseidon.context import EnvironmentMode, PoseidonSettings
 from controller.sources.environments import Environment
 from controller.standalone import Controller, Settings
 from tests.support.documents import pool_doc

@@ -17,7 +17,7 @@ import pytest
 
 from controller.core.runner_ids import META_POOL
 from controller.lab.simulator import SimServer
-from controller.poseidon.app import EnvironmentMode, PoseidonSettings
+from controller.poseidon.context import EnvironmentMode, PoseidonSettings
 from controller.standalone import Controller
 from tests.support.documents import pool_doc
 from tests.support.waiting import wait_until
@@ -78,6 +78,7 @@ class CodeOcean:
 
     def __init__(self, http: aiohttp.ClientSession, controller: Controller) -> None:
         self.http = http
+        self.controller = controller
         self.base = controller.url + "/api/v1"
 
     async def call(
@@ -351,17 +352,22 @@ async def test_the_token_guards_every_route_but_health_and_version(
         assert (await codeocean.call("GET", path, token="wrong-token")).status in (200, 204)
 
 
+async def start_with_a_java_token(harness: Harness, tmp_path: Path, idle: int = 2) -> Controller:
+    """Environments 10 (pool python) and 20 (pool java), and besides the test's token
+    `java-token`, whose scope is the java pool."""
+    return await start(
+        harness,
+        tmp_path,
+        environment_pool("python", 10, idle),
+        environment_pool("java", 20, idle),
+        tokens_text=f"{TOKEN}\njava-token default/java\n",
+    )
+
+
 async def test_a_scoped_token_sees_only_its_environments(
     harness: Harness, tmp_path: Path, http
 ) -> None:
-    tokens = f"{TOKEN}\njava-token default/java\n"
-    controller = await start(
-        harness,
-        tmp_path,
-        environment_pool("python", 10),
-        environment_pool("java", 20),
-        tokens_text=tokens,
-    )
+    controller = await start_with_a_java_token(harness, tmp_path)
     codeocean = CodeOcean(http, controller)
     python_runner = (await codeocean.claim(10)).json()["runnerId"]
     before = harness.sim.variables("default")
@@ -510,6 +516,13 @@ async def managed_with_a_claim(
     return controller, codeocean, runner_id
 
 
+def idle_runners_run(harness: Harness, image: str, claimed: str) -> bool:
+    """Whether managed environment 11's two idle runners (all but `claimed`) run `image`."""
+    running = images(harness, "environment-11-")
+    idle = {job: found for job, found in running.items() if job != claimed}
+    return len(idle) == 2 and set(idle.values()) == {image}
+
+
 async def test_managed_environments_are_pools_kept_in_nomad(
     harness: Harness, tmp_path: Path, http
 ) -> None:
@@ -564,12 +577,11 @@ async def test_a_managed_image_change_rolls_idle_runners_and_keeps_claimed_ones(
     updated = await codeocean.call("PUT", "/execution-environments/11", synced(11, image=new_image))
     assert updated.status == 204
 
-    def rolled() -> bool:
-        running = images(harness, "environment-11-")
-        idle = {job: image for job, image in running.items() if job != runner_id}
-        return len(idle) == 2 and set(idle.values()) == {new_image}
-
-    await after_passes(controller, rolled, "the idle runners to roll over to the new image")
+    await after_passes(
+        controller,
+        lambda: idle_runners_run(harness, new_image, runner_id),
+        "the idle runners to roll over to the new image",
+    )
     # Unlike Poseidon's PUT, the learner's runner lives on, untouched and still claimed.
     assert images(harness, "environment-11-")[runner_id] == PYTHON_IMAGE
     assert still_claimed(harness, runner_id)

@@ -3,8 +3,12 @@ and the parsing of what they print."""
 
 from __future__ import annotations
 
+import grp
+import io
 import os
+import pwd
 import subprocess
+import tarfile
 import time
 from pathlib import Path
 
@@ -22,6 +26,10 @@ from controller.executions.commands import (
     parse_listing,
     parse_size_line,
     runner_path,
+    stderr_end_command,
+    stderr_into,
+    stderr_reader_command,
+    upload_command,
     working_dir,
 )
 from tests.simulator.exec_support import alive
@@ -162,8 +170,61 @@ def test_a_listing_of_awkward_names(tmp_path: Path) -> None:
     assert (entries["dir/sub"].type, entries["dir/sub"].mode) == ("directory", "1750")
     assert (entries["dir/link"].type, entries["dir/link"].link_target) == ("link", "sub")
     assert entries["dir/sub"].modified_at.endswith("Z")
+    # What the Poseidon API shows besides: the name below the listed directory, find's
+    # type letter, the time in epoch seconds, owner and group.
+    sub = entries["dir/sub"]
+    assert (sub.below, sub.kind, entries["dir/link"].kind) == ("sub", "d", "l")
+    assert sub.modified_epoch == int((tmp_path / "dir" / "sub").stat().st_mtime)
+    assert sub.owner == pwd.getpwuid(os.getuid()).pw_name
+    assert sub.group == grp.getgrgid(os.getgid()).gr_name
     missing = run(list_command(None, runner_path("nope"), recursive=True), tmp_path)
     assert missing.returncode == 3
+
+
+def test_stderr_apart_through_a_fifo_that_is_left_behind_by_neither_end(tmp_path: Path) -> None:
+    fifo = str(tmp_path / "stderr")
+    reader = subprocess.Popen(stderr_reader_command(fifo), stdout=subprocess.PIPE)
+    command = stderr_into(fifo, "echo out; echo err >&2; exit 3")
+    done = run(command, tmp_path)
+    assert (done.returncode, done.stdout, done.stderr) == (3, b"out\n", b"")
+    assert reader.communicate(timeout=10)[0] == b"err\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_reader_whose_command_never_came_is_ended(tmp_path: Path) -> None:
+    fifo = str(tmp_path / "stderr")
+    reader = subprocess.Popen(stderr_reader_command(fifo), stdout=subprocess.PIPE)
+    assert run(stderr_end_command(fifo), tmp_path).returncode == 0
+    assert reader.communicate(timeout=10)[0] == b""
+    # ... or made the FIFO and died before opening it: the reader waits in its open.
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(stderr_reader_command(fifo), stdout=subprocess.PIPE)
+    time.sleep(0.1)
+    assert run(stderr_end_command(fifo), tmp_path).returncode == 0
+    assert reader.communicate(timeout=10)[0] == b""
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_upload_may_first_clear_the_working_dir_but_its_dot_files(tmp_path: Path) -> None:
+    for name in ("old.py", ".keep", "dir/deep.txt"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("old")
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        entry = tarfile.TarInfo("new.py")
+        entry.size = 3
+        tar.addfile(entry, io.BytesIO(b"new"))
+    argv = upload_command(None, [], None, own=True, clear=True)
+    done = run(argv, tmp_path, archive.getvalue())
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".keep", "new.py"]
+    # An empty working directory is cleared too (the shell leaves `./*` unexpanded).
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    argv = upload_command(str(empty), [], None, own=True, clear=True)
+    done = run(argv, tmp_path, archive.getvalue())
+    assert done.returncode == 0, done.stderr
+    assert [p.name for p in empty.iterdir()] == ["new.py"]
 
 
 def test_a_truncated_listing_is_refused() -> None:

@@ -6,6 +6,7 @@ import pytest
 
 from controller.core.gojson import (
     GoJSONError,
+    GoMap,
     GoSlice,
     GoStruct,
     decode_struct,
@@ -60,6 +61,10 @@ def test_decoding_fills_zero_values_matches_keys_loosely_and_reads_one_value() -
         ('{"stdin": {"data": "a!=="}}', "illegal base64 data at input byte 1"),
         ('{"stdin": {"data": "abcde"}}', "illegal base64 data at input byte 4"),
         ('{"stdin": {"data": "a==="}}', "illegal base64 data at input byte 1"),
+        ('{"stdin": {"data": "aGk=x"}}', "illegal base64 data at input byte 4"),
+        ('{"stdin": {"data": "aG==x"}}', "illegal base64 data at input byte 4"),
+        ('{"stdin": {"data": "aG=x"}}', "illegal base64 data at input byte 2"),
+        ('{"stdin": {"data": "aG="}}', "illegal base64 data at input byte 3"),
     ],
 )
 def test_errors_read_as_go_writes_them(raw: str, message: str) -> None:
@@ -89,6 +94,21 @@ ENVIRONMENT = GoStruct(
 )
 
 
+EXECUTION = GoStruct("dto.ExecutionRequest", {"environment": GoMap("string")})
+
+
+def test_maps_of_strings() -> None:
+    assert decode_struct("{}", EXECUTION) == {"environment": None}
+    decoded = decode_struct('{"environment": {"A": "1", "B": null}}', EXECUTION)
+    assert decoded == {"environment": {"A": "1", "B": ""}}
+    with pytest.raises(GoJSONError) as refused:
+        decode_struct('{"environment": ["A=1"]}', EXECUTION)
+    assert refused.value.message == (
+        "json: cannot unmarshal array into Go struct field ExecutionRequest.environment "
+        "of type map[string]string"
+    )
+
+
 def test_unsigned_integers_slices_and_their_zero_values() -> None:
     assert decode_struct("{}", ENVIRONMENT) == {
         "prewarmingPoolSize": 0,
@@ -105,6 +125,8 @@ def test_unsigned_integers_slices_and_their_zero_values() -> None:
         "exposedPorts": [80, 0, 65535],
         "copy": [{"path": "a/", "content": None}, {"path": "b", "content": b"hi"}],
     }
+    # null in a slice of structs is the struct's zero value, as in Go.
+    assert decode_struct('{"copy": [null]}', ENVIRONMENT)["copy"] == [{"path": "", "content": None}]
 
 
 @pytest.mark.parametrize(

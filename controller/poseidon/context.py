@@ -1,0 +1,125 @@
+"""What every route of the Poseidon API is served from, its settings, and how the
+errors of poolkeeper's services read in Poseidon's words."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Final
+
+from aiohttp import web
+
+from controller.api.auth import EVERY_POOL, Scope, TokenSet, scope
+from controller.claims.service import ClaimService
+from controller.core.times import parse_time
+from controller.engine.engine import Engine
+from controller.engine.registry import PoolView
+from controller.errors import ErrorCode as ServiceCode
+from controller.errors import ServiceError
+from controller.executions.files import FileOperations
+from controller.executions.manager import ExecutionManager
+from controller.poseidon.environments import environment_pools
+from controller.poseidon.wire import ErrorCode, PoseidonError, bad_request
+from controller.sources.environments import EnvironmentStore
+
+PREFIX: Final = "/api/v1"
+# Poseidon's texts, which its client may match.
+NO_RUNNER: Final = "abstract manager wrapped: no runner found with this id"
+NO_ENVIRONMENT: Final = "nomad wrapped: execution environment not found"
+NO_IDLE_RUNNER: Final = "no runners available for this execution environment"
+NO_FILE: Final = "file not found or insufficient permissions"
+NO_EXECUTION: Final = "execution id unknown"
+
+
+class EnvironmentMode(StrEnum):
+    """What `PUT` and `DELETE /execution-environments/{id}` may do."""
+
+    READONLY = "readonly"  # pools come from the files or resources; PUT only checks them
+    MANAGED = "managed"  # PUT and DELETE keep environments in Nomad, a pool each
+
+
+@dataclass(frozen=True)
+class PoseidonSettings:
+    enabled: bool = False
+    environments: EnvironmentMode = EnvironmentMode.READONLY
+    # /health is 503 when an environment's idle runners fall below this share of its
+    # prewarming pool size; 0 never (Poseidon's default).
+    depleting_threshold: float = 0.0
+    # managed: the RunnerPool document every environment's pool starts from.
+    environment_template: Path | None = None
+
+
+@dataclass(frozen=True)
+class Poseidon:
+    """What the routes are served from."""
+
+    engine: Engine
+    claims: ClaimService
+    tokens: TokenSet
+    settings: PoseidonSettings
+    store: EnvironmentStore | None  # managed environments (None: readonly)
+    executions: ExecutionManager
+    files: FileOperations
+
+    def serving(self, visible: Scope = EVERY_POOL) -> dict[int, PoolView]:
+        managed = self.store.keys if self.store is not None else frozenset()
+        return environment_pools(self.engine, managed, visible)
+
+    def is_managed(self, view: PoolView) -> bool:
+        return self.store is not None and view.key in self.store.keys
+
+
+POSEIDON_KEY: Final = web.AppKey("poseidon", Poseidon)
+
+
+def poseidon(request: web.Request) -> Poseidon:
+    return request.app[POSEIDON_KEY]
+
+
+def from_service_error(error: ServiceError) -> PoseidonError:
+    """A service error as Poseidon answers the same situation."""
+    match error.code:
+        case ServiceCode.POOL_EMPTY:
+            return PoseidonError(500, NO_IDLE_RUNNER, ErrorCode.NOMAD_OVERLOAD)
+        case ServiceCode.POOL_NOT_FOUND:
+            return PoseidonError(404, NO_ENVIRONMENT)
+        case ServiceCode.RUNNER_NOT_FOUND | ServiceCode.RUNNER_GONE:
+            return PoseidonError(410, NO_RUNNER)
+        case ServiceCode.INVALID_REQUEST:
+            return bad_request(error.message)
+        case ServiceCode.FILE_NOT_FOUND:
+            return PoseidonError(424, NO_FILE)
+        case ServiceCode.EXECUTION_NOT_FOUND:
+            return PoseidonError(404, NO_EXECUTION)
+        case ServiceCode.PAYLOAD_TOO_LARGE:
+            return PoseidonError(413, error.message)
+        case ServiceCode.REQUEST_TIMEOUT:
+            return bad_request(error.message)
+        case ServiceCode.TOO_MANY_EXECUTIONS:
+            return PoseidonError(409, error.message)
+        case ServiceCode.NOMAD_UNAVAILABLE:
+            return PoseidonError(500, error.message, ErrorCode.NOMAD_UNREACHABLE)
+        case _:
+            return PoseidonError(500, error.message, ErrorCode.UNKNOWN)
+
+
+async def claimed_runner(request: web.Request) -> str:
+    """The route's runner: claimed, unexpired, of an environment the token sees; 410 with
+    Poseidon's text otherwise."""
+    runner_id = request.match_info["runnerId"]
+    context = poseidon(request)
+    try:
+        view = context.claims.pool_of_runner(runner_id)
+        if (
+            view.pool is None
+            or view.pool.poseidon_environment is None
+            or not scope(request).allows(view.key)
+        ):
+            raise PoseidonError(410, NO_RUNNER)
+        claim = await context.claims.get(runner_id)
+    except ServiceError as error:
+        raise from_service_error(error) from None
+    if parse_time(claim["expiresAt"]) <= context.engine.clock():
+        raise PoseidonError(410, NO_RUNNER)  # expired: its end is being written down
+    return runner_id
