@@ -3,10 +3,10 @@
 Pure; `now` and everything measured come in as arguments. The target is the highest of
 - the floor, `spec.idleRunners`;
 - the floors of the schedule windows open now (core/schedule.py);
-- with `spec.demand`, the demand estimate: a runner for every claim request waiting now,
-  plus the claims the buffer must absorb while a new runner starts,
-  `ceil(rate * cover + sqrt(rate * cover))` (the square root is a Poisson margin), held
-  back by the shrink pacing;
+- with `spec.demand`, the demand estimate: the claims the buffer must absorb while a new
+  runner starts, `ceil(rate * cover + sqrt(rate * cover))` (the square root is a Poisson
+  margin), held back by the shrink pacing, plus a runner for every claim request waiting
+  now;
 capped by `demand.maxIdleRunners` (when set) and by `maxRunners`.
 
 What happened is read from Nomad on every pass, so a restarted controller has the same
