@@ -16,6 +16,7 @@ import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from controller.claims.store import ClaimStore
@@ -182,11 +183,12 @@ class ClaimService:
         records = await self._take_first(views, count, inactivity, request_id)
         if records is None and request.wait_seconds > 0:
             preferred = views[0]
-            with preferred.waiting.counted(self.engine.clock(), count):
+            with preferred.waiting.counted(self.engine.clock(), count) as waiting:
                 self.engine.hint_namespace(preferred.policy.nomad_namespace)
                 while records is None and (remaining := deadline - time.monotonic()) > 0:
                     await self._wait_for_any(views, remaining)
                     records = await self._take_first(views, count, inactivity, request_id)
+                waiting.answered = records is not None and records[0].pool == preferred.key
         if records is None:
             names = ", ".join(view.key for view in views)
             if not any(view.observed for view in views):
@@ -231,9 +233,12 @@ class ClaimService:
         if len(current) + len(outdated) < count:
             return []  # cannot succeed: take nothing rather than take and give back
         taken: list[ClaimRecord] = []
+        # A batch is claimed at one moment: the demand estimate takes it for one arrival
+        # of `count` claims, not for claims a few milliseconds apart (core/demand.py).
+        claimed_at = self.engine.clock()
         try:
             for runner in self._candidates(view):
-                record = await self._try_claim(view, runner, inactivity, request_id)
+                record = await self._try_claim(view, runner, inactivity, request_id, claimed_at)
                 if record is not None:
                     taken.append(record)
                     if len(taken) == count:
@@ -304,7 +309,12 @@ class ClaimService:
         return current, rest
 
     async def _try_claim(
-        self, view: PoolView, runner: Runner, inactivity: int, request_id: str | None
+        self,
+        view: PoolView,
+        runner: Runner,
+        inactivity: int,
+        request_id: str | None,
+        claimed_at: datetime,
     ) -> ClaimRecord | None:
         assert runner.allocation is not None  # idle runners always have a running allocation
         self._taken.setdefault(view.key, {})[runner.id] = time.monotonic()
@@ -313,7 +323,7 @@ class ClaimService:
             namespace=view.policy.nomad_namespace,
             pool=view.key,
             allocation_id=runner.allocation.id,
-            now=self.engine.clock(),
+            now=claimed_at,
             inactivity_timeout_seconds=inactivity,
             request_id=request_id,
             allocation_restarts=runner.allocation.restarts,

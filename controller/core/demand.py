@@ -3,10 +3,10 @@
 Pure; `now` and everything measured come in as arguments. The target is the highest of
 - the floor, `spec.idleRunners`;
 - the floors of the schedule windows open now (core/schedule.py);
-- with `spec.demand`, the demand estimate: a runner for every claim request waiting now,
-  plus the claims the buffer must absorb while a new runner starts,
-  `ceil(rate * cover + sqrt(rate * cover))` (the square root is a Poisson margin), held
-  back by the shrink pacing;
+- with `spec.demand`, the demand estimate: the claims the buffer must absorb while a new
+  runner starts, `ceil(rate * cover + sqrt(rate * cover))` (the square root is a Poisson
+  margin), held back by the shrink pacing, plus a runner for every claim request waiting
+  now;
 capped by `demand.maxIdleRunners` (when set) and by `maxRunners`.
 
 What happened is read from Nomad on every pass, so a restarted controller has the same
@@ -23,8 +23,10 @@ estimate as the one before it:
 What is happening now comes from the caller: the claim requests waiting for an idle
 runner. A claim that waits is written to Nomad only once it is answered, so without them
 the rate is what the pool could serve, not what arrives. They count as arrivals in the
-rate, and each wants a runner of its own on top of the buffer; that runner is paced with
-the rest, since a request that had to wait shows the buffer was short. They live as long
+rate, and each wants a runner of its own on top of the buffer, which its request takes
+when it is answered (so the buffer does not keep it: the rate has the request's arrival
+already); the runner of a request that stops waiting unanswered joins the buffer and
+shrinks with it, so no runner goes faster than the pacing allows. They live as long
 as their request: a restart ends them (their connections were to the old process), so it
 loses nothing that would still be waiting; a request waiting in another replica is seen
 once it is answered.
@@ -60,6 +62,8 @@ START_MARGIN = 1.5
 START_PERCENTILE = 90
 # The start times of the newest runners only, so an old image's starts fade out.
 START_SAMPLES = 100
+# The rate between claims is taken over at least this share of the cover time.
+BETWEEN_CLAIMS_SHORTEST = 0.25
 # The demand part of the target falls to at most this share of itself per minute.
 KEPT_PER_MINUTE = 0.9
 # Claim items with the claimed runner's start (written for pools with spec.demand): its
@@ -111,21 +115,32 @@ def claims_per_second(
     window_seconds: float,
     cover_seconds: float | None,
 ) -> float:
-    """The claim rate over the window: the window's claims divided by the time they span,
-    from the oldest of them to now (at least the cover time, at most the window).
-
-    With claims all over the window this is about count ÷ window; at the start of a burst it is
-    the burst's own rate at once instead of a rate diluted by the quiet minutes before it,
-    and it never makes the demand exceed the claims of the last cover time (plus margin).
+    """The claim rate over the window, from the window's claims and the time they span,
+    from the oldest of them to now (at most the window): the higher of
+    - their count over that span, the span at least the cover time: with claims all over
+      the window about count ÷ window, and at the start of a burst the burst's claims per
+      cover time, not a rate diluted by the quiet minutes before it;
+    - the rate between them: the claims after the oldest moment over that span, the span
+      at least a quarter of the cover time (BETWEEN_CLAIMS_SHORTEST). The oldest claims
+      only open the span; the ones after them measure the rate. At a burst's onset this
+      is the burst's rate as soon as a second claim has come, not its claims per cover
+      time, while a claim alone, or a batch (its claims share a moment), gives none. The
+      shortest span bounds it at four times the first.
     Without a cover time yet it is count ÷ window.
     """
     start = now - timedelta(seconds=window_seconds)
     recent = [moment for moment in claimed_at if start < moment <= now]
     if not recent:
         return 0.0
-    shortest = cover_seconds if cover_seconds else window_seconds
-    span = (now - min(recent)).total_seconds()
-    return len(recent) / min(window_seconds, max(span, shortest))
+    if not cover_seconds:
+        return len(recent) / window_seconds
+    oldest = min(recent)
+    span = (now - oldest).total_seconds()
+    per_cover = len(recent) / min(window_seconds, max(span, cover_seconds))
+    later = sum(1 for moment in recent if moment > oldest)
+    shortest = cover_seconds * BETWEEN_CLAIMS_SHORTEST
+    between = later / min(window_seconds, max(span, shortest))
+    return max(per_cover, between)
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,13 +213,17 @@ def demand_runners(rate_per_second: float, cover_seconds: float) -> int:
     return math.ceil(expected + math.sqrt(expected))
 
 
-def paced(demand: int, previous: Pacing | None, buffer: int, now: datetime) -> Pacing:
+def paced(
+    demand: int, previous: Pacing | None, buffer: int, now: datetime, abandoned: int = 0
+) -> Pacing:
     """The demand part after the shrink pacing: it rises at once and falls to at most
     KEPT_PER_MINUTE of itself per minute (the last fraction of a runner goes once less
-    than one is left). Without a previous pacing the buffer held now is where it stands."""
+    than one is left). Without a previous pacing the buffer held now is where it stands.
+    `abandoned` runners were wanted by requests that stopped waiting unanswered since
+    the last pass: they join the buffer and shrink with it."""
     start = previous if previous is not None else Pacing(float(buffer), now)
     minutes = max(0.0, (now - start.at).total_seconds() / 60)
-    allowed = start.runners * KEPT_PER_MINUTE**minutes
+    allowed = start.runners * KEPT_PER_MINUTE**minutes + max(0, abandoned)
     if allowed < 1:
         allowed = 0.0
     return Pacing(max(float(demand), allowed), now)
@@ -214,7 +233,8 @@ def paced(demand: int, previous: Pacing | None, buffer: int, now: datetime) -> P
 class Measured:
     claims_per_minute: float
     start_seconds_p90: float | None
-    demand: int
+    demand: int  # ceil(rate * cover + sqrt(rate * cover)): the buffer, before pacing
+    waiting: int = 0  # runners wanted by the claim requests waiting now, on top
 
 
 def measure(
@@ -226,9 +246,9 @@ def measure(
     now: datetime,
 ) -> Measured:
     """The demand estimate from what Nomad holds and the claim requests waiting now (when
-    each arrived, once per runner it wants): a runner for each of those, plus the claims
-    expected over the cover time, none of them until a cover time is known
-    (coverSeconds, or a first runner has started)."""
+    each arrived, once per runner it wants): the claims expected over the cover time,
+    none of them until a cover time is known (coverSeconds, or a first runner has
+    started), and a runner for each waiting request on top."""
     p90 = start_seconds_p90(jobs, allocations, claims)
     cover: float | None = demand.cover_seconds
     if cover is None and p90 is not None:
@@ -236,7 +256,7 @@ def measure(
     arrivals = [*client_claim_times(claims), *waiting]
     rate = claims_per_second(arrivals, now, demand.window_seconds, cover)
     expected = demand_runners(rate, cover) if cover else 0
-    return Measured(rate * 60, p90, expected + len(waiting))
+    return Measured(rate * 60, p90, expected, len(waiting))
 
 
 def idle_target(
@@ -245,10 +265,15 @@ def idle_target(
     previous: Pacing | None,
     buffer: int,
     now: datetime,
+    abandoned: int = 0,
 ) -> tuple[IdleTarget, Pacing | None]:
     """The effective target and the pacing to keep for the next pass. `measured` is the
     demand estimate (None without spec.demand); `buffer` the idle and starting runners
-    the pool holds now."""
+    the pool holds now; `abandoned` the runners of requests that stopped waiting
+    unanswered since the last pass. The pacing holds the buffer; the runners of the
+    requests waiting now come on top of it and leave with their requests: an answered
+    request takes its runner (a claim, not a shrink), an abandoned one leaves its runner
+    to the buffer, which shrinks at its pace."""
     cap = policy.max_runners
     if policy.demand is not None and policy.demand.max_idle_runners is not None:
         cap = min(cap, policy.demand.max_idle_runners)
@@ -257,8 +282,8 @@ def idle_target(
     if measured is None:
         reason = TargetReason.SCHEDULE if scheduled > policy.desired_idle else TargetReason.FLOOR
         return IdleTarget(floor, reason, floor), None
-    pacing = paced(min(cap, measured.demand), previous, min(cap, buffer), now)
-    wanted = min(cap, math.ceil(pacing.runners))
+    pacing = paced(min(cap, measured.demand), previous, min(cap, buffer), now, abandoned)
+    wanted = min(cap, math.ceil(pacing.runners) + measured.waiting)
     if wanted > floor:
         reason = TargetReason.DEMAND
     elif scheduled > policy.desired_idle:
@@ -287,9 +312,11 @@ def pass_target(
     previous: Pacing | None,
     waiting: Sequence[datetime],
     now: datetime,
+    abandoned: int = 0,
 ) -> tuple[IdleTarget, Pacing | None]:
     """One pass's idle target from the pool's observation, classified runners (none for a
-    pool being removed) and the claim requests waiting for it now."""
+    pool being removed), the claim requests waiting for it now and the runners of those
+    that stopped waiting unanswered since the last pass."""
     if policy.mode is not PoolMode.ACTIVE:
         return IdleTarget.fixed(0), None
     measured = None
@@ -303,7 +330,7 @@ def pass_target(
             now,
         )
     buffer = sum(1 for runner in runners if runner.state in _BUFFER_STATES)
-    return idle_target(policy, measured, previous, buffer, now)
+    return idle_target(policy, measured, previous, buffer, now, abandoned)
 
 
 def _moment(ns: int) -> datetime:

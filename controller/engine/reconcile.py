@@ -255,6 +255,7 @@ class Reconciler:
             managed.pacing,
             tuple(managed.waiting.arrivals),
             now,
+            managed.waiting.take_abandoned(),
         )
         self._observed.pop(managed.key, asyncio.Event()).set()
         if not acting:  # observes, never writes: a claims-only replica, or not the holder

@@ -32,22 +32,42 @@ from controller.nomad.jobs import render_job, template_hash
 
 
 @dataclass
+class WaitingRequest:
+    """One request counted as waiting; `answered` once this pool has answered it."""
+
+    answered: bool = False
+
+
+@dataclass
 class WaitingClaims:
     """The claim requests this process holds waiting for idle runners of a pool: when each
-    arrived, once per runner it wants. The demand estimate counts them (core/demand.py)."""
+    arrived, once per runner it wants, and how many runners were wanted by requests that
+    stopped waiting without this pool answering them since the last pass took the count.
+    The demand estimate counts both (core/demand.py)."""
 
     arrivals: list[datetime] = field(default_factory=list)
+    abandoned: int = 0
 
     @contextlib.contextmanager
-    def counted(self, arrived: datetime, runners: int) -> Iterator[None]:
-        """Counted while the block runs: the request waits in it."""
+    def counted(self, arrived: datetime, runners: int) -> Iterator[WaitingRequest]:
+        """Counted while the block runs: the request waits in it. A request the block
+        leaves unanswered (timed out, cancelled, answered by another pool) counts as
+        abandoned."""
+        request = WaitingRequest()
         added = [arrived] * runners
         self.arrivals.extend(added)
         try:
-            yield
+            yield request
         finally:
             for moment in added:
                 self.arrivals.remove(moment)
+            if not request.answered:
+                self.abandoned += runners
+
+    def take_abandoned(self) -> int:
+        """The runners of the requests abandoned since the last call."""
+        abandoned, self.abandoned = self.abandoned, 0
+        return abandoned
 
 
 @dataclass

@@ -120,8 +120,40 @@ async def test_a_claim_that_waits_counts_before_it_is_answered(harness: Harness,
     status, body = await waiting
     assert status == 201, body
     assert view.waiting.arrivals == []
+    assert view.waiting.abandoned == 0  # answered: its runner went with it
     harness.sim.set_start_delay(0.05)
     await harness.settled(controller)
+
+
+async def test_the_runner_of_a_request_that_gives_up_waiting_stays_in_the_buffer(
+    harness: Harness, tmp_path
+):
+    clock = FakeClock()
+    controller = await harness.start(write_pools(tmp_path / "p.yaml", demand_pool()), clock=clock)
+    await harness.settled(controller)
+    view = controller.engine.pools["default/py"]
+    harness.sim.set_start_delay(3.0)  # nothing becomes idle while the request waits
+    assert len(await claim_many(harness, controller, 2)) == 2
+    short = {**LONG_CLAIM, "waitSeconds": 1}
+    waiting = asyncio.ensure_future(
+        harness.api(controller, "POST", "/v1/pools/default/py/claims", short)
+    )
+    await wait_until(lambda: _async(bool(view.waiting.arrivals)), what="the request to wait")
+    await controller.engine.reconcile_namespace("default")
+    with_it = view.idle_target.idle_runners
+    status, _ = await waiting
+    assert status == 503
+    # Unanswered, its arrival is gone from the rate and it wants no runner now, but the
+    # runner started for it joins the buffer, which shrinks at its pace (not at once).
+    await controller.engine.reconcile_namespace("default")
+    assert view.waiting.abandoned == 0  # the pass took it
+    assert view.idle_target.idle_runners == with_it
+    harness.sim.set_start_delay(0.05)
+    await harness.settled(controller)
+
+
+async def _async(value: bool) -> bool:
+    return value
 
 
 async def test_a_claim_records_its_runners_start_and_its_tombstone_keeps_it(

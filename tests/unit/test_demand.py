@@ -120,9 +120,21 @@ def policy(
         ([10, 20, 299, 300, 301, 900], 300, 5.0, 3 / 299),
         # a burst that began 20 s ago: its own rate, not diluted by the quiet window
         ([i * 0.5 for i in range(40)], 300, 5.0, 40 / 19.5),
-        # within the cover time the span is the cover time: 6 claims in the last second
-        # make 6 claims per cover time, not 6 per second
-        ([0.1, 0.2, 0.3, 0.4, 0.5, 0.6], 300, 10.0, 6 / 10),
+        # within the cover time: the rate between the claims, the 5 after the oldest over
+        # at least a quarter of the cover time (not 5 per 0.6 s, nor 6 per cover time)
+        ([0.1, 0.2, 0.3, 0.4, 0.5, 0.6], 300, 10.0, 5 / 2.5),
+        # ... the same over the span once it is longer: 3 after the oldest in 3 s
+        ([0.0, 1.0, 2.0, 3.0], 300, 10.0, 3 / 3),
+        # ... never below the claims per cover time: 2 claims 8 s apart
+        ([1.0, 8.0], 300, 10.0, 2 / 10),
+        # a claim alone measures no rate between claims: 1 per cover time
+        ([0.5], 300, 10.0, 1 / 10),
+        # nor does a batch, its claims at one moment: 4 per cover time
+        ([0.5, 0.5, 0.5, 0.5], 300, 10.0, 4 / 10),
+        # a batch after a claim: 4 after the oldest, over at least a quarter of the cover
+        ([0.5, 0.5, 0.5, 0.5, 1.5], 300, 10.0, 4 / 2.5),
+        # past the cover time the claims per span are the higher of the two
+        ([1.0, 2.0, 3.0, 20.0], 300, 10.0, 4 / 20),
         # without a cover time yet: count / window
         ([0.1, 0.2, 0.3], 300, None, 3 / 300),
         # a claim in the future (clock skew between writers) is not counted
@@ -238,17 +250,17 @@ def test_cover_time(cover_seconds: int | None, p90: float | None, runners: int) 
 
 
 @pytest.mark.parametrize(
-    ("claims_ago", "waiting_ago", "cover_seconds", "rate", "runners"),
+    ("claims_ago", "waiting_ago", "cover_seconds", "rate", "runners", "waiting"),
     [
         # nothing waits: the claims alone (5 in the last 5 s: ceil(5 + sqrt 5) = 8)
-        ([0.5, 1.5, 2.5, 3.5, 4.5], [], 5, 1.0, 8),
+        ([0.5, 1.5, 2.5, 3.5, 4.5], [], 5, 1.0, 8, 0),
         # the first seconds of a burst: 5 answered, 4 waiting. They arrived, so the rate
-        # is 9 per cover time, and each wants a runner of its own: ceil(9 + 3) + 4
-        ([2.5, 3.0, 3.5, 4.0, 4.5], [0.2, 0.5, 1.0, 2.0], 5, 9 / 5, 16),
-        # a batch of 3 waits as 3 arrivals at one moment: ceil(3 + sqrt 3) + 3
-        ([], [1.0, 1.0, 1.0], 5, 3 / 5, 8),
+        # is 9 per cover time, ceil(9 + 3), and each wants a runner of its own on top
+        ([2.5, 3.0, 3.5, 4.0, 4.5], [0.2, 0.5, 1.0, 2.0], 5, 9 / 5, 12, 4),
+        # a batch of 3 waits as 3 arrivals at one moment: ceil(3 + sqrt 3), and 3 on top
+        ([], [1.0, 1.0, 1.0], 5, 3 / 5, 5, 3),
         # no cover time yet: no estimate, but the waiting requests still want runners
-        ([1.0], [0.5, 0.5], None, 3 / 60, 2),
+        ([1.0], [0.5, 0.5], None, 3 / 60, 0, 2),
     ],
 )
 def test_waiting_requests_are_arrivals_and_each_wants_a_runner(
@@ -257,12 +269,13 @@ def test_waiting_requests_are_arrivals_and_each_wants_a_runner(
     cover_seconds: int | None,
     rate: float,
     runners: int,
+    waiting: int,
 ) -> None:
     demand = DemandPolicy(window_seconds=60, cover_seconds=cover_seconds)
     claims = [claim(i, ago(s)) for i, s in enumerate(claims_ago)]
     measured = measure(demand, claims, [], {}, [ago(s) for s in waiting_ago], NOW)
     assert measured.claims_per_minute == pytest.approx(rate * 60)
-    assert measured.demand == runners
+    assert (measured.demand, measured.waiting) == (runners, waiting)
 
 
 @pytest.mark.parametrize(
@@ -308,6 +321,26 @@ def test_shrink_pacing(
     assert result.at == now
 
 
+@pytest.mark.parametrize(
+    ("demand", "previous", "minutes_later", "abandoned", "kept"),
+    [
+        # runners of requests that stopped waiting join the buffer as it stands now, then
+        # shrink with it
+        (5, Pacing(20.0, NOW), 0, 4, 24.0),
+        (5, Pacing(20.0, NOW), 1, 4, 20 * 0.9 + 4),
+        (30, Pacing(20.0, NOW), 1, 4, 30.0),
+        (5, None, 0, 4, 14.0),  # after a restart on top of the buffer held (10)
+    ],
+)
+def test_shrink_pacing_of_abandoned_runners(
+    demand: int, previous: Pacing | None, minutes_later: float, abandoned: int, kept: float
+) -> None:
+    now = NOW + timedelta(minutes=minutes_later)
+    result = paced(demand, previous, 10, now, abandoned)
+    assert result.runners == pytest.approx(kept)
+    assert result.at == now
+
+
 def test_a_buffer_of_thirty_takes_its_time_to_shrink_to_the_floor() -> None:
     pol = policy(idle=5, demand=DemandPolicy())
     quiet = Measured(0.0, 2.0, 0)
@@ -322,6 +355,25 @@ def test_a_buffer_of_thirty_takes_its_time_to_shrink_to_the_floor() -> None:
         seen.append(target.idle_runners)
     assert seen[0] == 27 and seen[9] == math.ceil(30 * 0.9**10)
     assert seen[-1] == 5 and target.reason is TargetReason.FLOOR
+
+
+def test_a_waiting_request_takes_its_runner_along_and_an_abandoned_one_leaves_it() -> None:
+    pol = policy(idle=5, demand=DemandPolicy())
+    # 12 for the rate, 4 requests waiting on top
+    target, pacing = idle_target(pol, Measured(100.0, 2.0, 12, 4), None, 5, NOW)
+    assert target.idle_runners == 16
+    # a second later 3 of them were answered, each with its runner: not kept by the pacing
+    later = NOW + timedelta(seconds=1)
+    target, pacing = idle_target(pol, Measured(100.0, 2.0, 12, 1), pacing, 16, later)
+    assert target.idle_runners == 13
+    # the last one gave up: its runner joins the buffer and shrinks with it
+    later += timedelta(seconds=1)
+    target, pacing = idle_target(pol, Measured(100.0, 2.0, 12, 0), pacing, 13, later, 1)
+    assert target.idle_runners == 13
+    assert pacing is not None and pacing.runners == pytest.approx(12 * 0.9 ** (1 / 60) + 1)
+    later += timedelta(minutes=1)
+    target, _ = idle_target(pol, Measured(0.0, 2.0, 0), pacing, 13, later)
+    assert target.idle_runners == math.ceil(pacing.runners * 0.9)
 
 
 # ---- floors, schedules, caps and reasons ---------------------------------------------
@@ -431,6 +483,7 @@ def policies(draw: st.DrawFn) -> PoolPolicy:
     st.integers(0, 500),
     st.integers(0, 366 * 24 * 60),
     st.lists(st.floats(0, 30), max_size=300),
+    st.integers(0, 300),
 )
 def test_target_stays_between_the_open_floor_and_the_caps(
     pol: PoolPolicy,
@@ -440,6 +493,7 @@ def test_target_stays_between_the_open_floor_and_the_caps(
     buffer: int,
     minutes: int,
     waiting_ago: list[float],
+    abandoned: int,
 ) -> None:
     now = NOW + timedelta(minutes=minutes)
     if previous is not None:
@@ -454,7 +508,7 @@ def test_target_stays_between_the_open_floor_and_the_caps(
         claims = [claim(i, now - timedelta(seconds=s)) for i, s in enumerate(claims_ago)]
         waiting = [now - timedelta(seconds=s) for s in waiting_ago]
         measured = measure(pol.demand, claims, jobs, allocations, waiting, now)
-    target, _ = idle_target(pol, measured, previous, buffer, now)
+    target, _ = idle_target(pol, measured, previous, buffer, now, abandoned)
     assert target.idle_runners <= pol.max_runners
     if pol.demand is not None and pol.demand.max_idle_runners is not None:
         assert target.idle_runners <= pol.demand.max_idle_runners
