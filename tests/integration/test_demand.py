@@ -12,6 +12,7 @@ import itertools
 import math
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from controller.core.claims import ClaimState
@@ -70,11 +71,18 @@ async def status_of(harness: Harness, controller: Controller) -> dict[str, Any]:
     return dict(pool["status"])
 
 
-async def test_a_burst_raises_the_target_and_refills_ahead_of_demand(harness: Harness, tmp_path):
+async def settled_demand_pool(
+    harness: Harness, tmp_path: Path
+) -> tuple[FakeClock, Controller, PoolView]:
+    """A controller on an injected clock with the demand pool `py`, settled; its view."""
     clock = FakeClock()
     controller = await harness.start(write_pools(tmp_path / "p.yaml", demand_pool()), clock=clock)
     await harness.settled(controller)
-    view = controller.engine.pools["default/py"]
+    return clock, controller, controller.engine.pools["default/py"]
+
+
+async def test_a_burst_raises_the_target_and_refills_ahead_of_demand(harness: Harness, tmp_path):
+    _clock, controller, view = await settled_demand_pool(harness, tmp_path)
     assert view.idle_target.idle_runners == 2
     assert reason_of(view) is TargetReason.FLOOR
 
@@ -100,10 +108,7 @@ async def test_a_burst_raises_the_target_and_refills_ahead_of_demand(harness: Ha
 
 
 async def test_a_claim_that_waits_counts_before_it_is_answered(harness: Harness, tmp_path):
-    clock = FakeClock()
-    controller = await harness.start(write_pools(tmp_path / "p.yaml", demand_pool()), clock=clock)
-    await harness.settled(controller)
-    view = controller.engine.pools["default/py"]
+    _clock, controller, view = await settled_demand_pool(harness, tmp_path)
     harness.sim.set_start_delay(1.5)  # long enough to see the request wait
     assert len(await claim_many(harness, controller, 2)) == 2  # the two idle runners
     # Two claims per 5 s cover time: ceil(2 + sqrt 2)
@@ -128,17 +133,14 @@ async def test_a_claim_that_waits_counts_before_it_is_answered(harness: Harness,
 async def test_the_runner_of_a_request_that_gives_up_waiting_stays_in_the_buffer(
     harness: Harness, tmp_path
 ):
-    clock = FakeClock()
-    controller = await harness.start(write_pools(tmp_path / "p.yaml", demand_pool()), clock=clock)
-    await harness.settled(controller)
-    view = controller.engine.pools["default/py"]
+    _clock, controller, view = await settled_demand_pool(harness, tmp_path)
     harness.sim.set_start_delay(3.0)  # nothing becomes idle while the request waits
     assert len(await claim_many(harness, controller, 2)) == 2
     short = {**LONG_CLAIM, "waitSeconds": 1}
     waiting = asyncio.ensure_future(
         harness.api(controller, "POST", "/v1/pools/default/py/claims", short)
     )
-    await wait_until(lambda: _async(bool(view.waiting.arrivals)), what="the request to wait")
+    await wait_until(lambda: bool(view.waiting.arrivals), what="the request to wait")
     await controller.engine.reconcile_namespace("default")
     with_it = view.idle_target.idle_runners
     status, _ = await waiting
@@ -150,10 +152,6 @@ async def test_the_runner_of_a_request_that_gives_up_waiting_stays_in_the_buffer
     assert view.idle_target.idle_runners == with_it
     harness.sim.set_start_delay(0.05)
     await harness.settled(controller)
-
-
-async def _async(value: bool) -> bool:
-    return value
 
 
 async def test_a_claim_records_its_runners_start_and_its_tombstone_keeps_it(
@@ -179,10 +177,7 @@ async def test_a_claim_records_its_runners_start_and_its_tombstone_keeps_it(
 async def test_after_a_burst_the_buffer_shrinks_no_faster_than_allowed_and_loses_no_claim(
     harness: Harness, tmp_path
 ):
-    clock = FakeClock()
-    controller = await harness.start(write_pools(tmp_path / "p.yaml", demand_pool()), clock=clock)
-    await harness.settled(controller)
-    view = controller.engine.pools["default/py"]
+    clock, controller, view = await settled_demand_pool(harness, tmp_path)
     await claim_many(harness, controller, 15)
     await wait_until(target_at_least(view, 15), what="the target to follow the burst")
     await harness.settled(controller)
