@@ -71,6 +71,7 @@ def summarize(sizes: Sizes, out: Result) -> None:
     out["reconcile.floor_ratio_runners"] = out[f"{worst}.runners"]
     requests = [out[f"{k}.requests_per_pass"] for k in keys]
     out["reconcile.requests_per_pass"] = max(requests)
+    out["reconcile.requests_per_pass_max"] = max(out[f"{k}.requests_per_pass_max"] for k in keys)
     out["reconcile.requests_per_pass_1_pool"] = requests[0]
     out["reconcile.requests_per_pass_most_pools"] = requests[-1]
     out["reconcile.requests_independent_of_pools"] = 1.0 if requests[0] == requests[-1] else 0.0
@@ -146,7 +147,12 @@ async def time_passes(passive: PassiveController, sizes: Sizes) -> Result:
         "pass_cpu_ms": ms(statistics.median(cpus)),
         "floor_ms": ms(statistics.median(floors)),
         "floor_cpu_ms": ms(statistics.median(floor_cpus)),
-        "requests_per_pass": float(max(per_pass)),
+        # The median pass: once every 30 s (REQUEST_GC_SECONDS, engine/reconcile.py) a
+        # pass also lists the request records, so where the timed passes take longer
+        # than that one of them makes one request more, whatever the number of pools
+        # (`requests_per_pass_max` counts it).
+        "requests_per_pass": float(statistics.median(per_pass)),
+        "requests_per_pass_max": float(max(per_pass)),
     }
     repeated(row, "floor_ratio", ratios)
     return row
