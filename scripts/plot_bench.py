@@ -64,7 +64,7 @@ def main(source: str, target: str) -> None:
     right.set_xscale("log")
     right.set_xlabel("runners in the controller")
     right.set_ylabel("ms")
-    right.set_ylim(bottom=0)
+    right.set_yscale("log")
     right.set_title("claims while passes run back to back")
     right.grid(True, which="both", alpha=0.3)
     right.legend(fontsize=8)
