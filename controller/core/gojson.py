@@ -39,20 +39,12 @@ class GoSlice:
 
     item: GoType
 
-    @property
-    def name(self) -> str:
-        return "[]" + _type_name(self.item)
-
 
 @dataclass(frozen=True)
 class GoMap:
     """A Go map from strings to another type (an object in JSON; null is nil)."""
 
     value: GoType
-
-    @property
-    def name(self) -> str:
-        return "map[string]" + _type_name(self.value)
 
 
 # A basic kind ("string", "bool", "int", "int32", "uint", "uint16", "[]uint8" from
@@ -61,6 +53,11 @@ GoType = str | GoStruct | GoSlice | GoMap
 
 
 def _type_name(kind: GoType) -> str:
+    """The type as Go names it in its errors."""
+    if isinstance(kind, GoSlice):
+        return "[]" + _type_name(kind.item)
+    if isinstance(kind, GoMap):
+        return "map[string]" + _type_name(kind.value)
     return kind if isinstance(kind, str) else kind.name
 
 
@@ -190,18 +187,18 @@ def _decode(value: Any, kind: GoType, struct: GoStruct, where: str) -> Any:
     innermost struct and the field's whole path, as Go's does."""
     if isinstance(kind, GoStruct):
         if not isinstance(value, dict):
-            raise _type_error(value, struct, where, kind.name)
+            raise _type_error(value, struct, where, _type_name(kind))
         return _into_struct(value, kind, where)
     if isinstance(kind, GoSlice):
         if not isinstance(value, list):
-            raise _type_error(value, struct, where, kind.name)
+            raise _type_error(value, struct, where, _type_name(kind))
         return [
             _zero_item(kind.item) if item is None else _decode(item, kind.item, struct, where)
             for item in value
         ]
     if isinstance(kind, GoMap):
         if not isinstance(value, dict):
-            raise _type_error(value, struct, where, kind.name)
+            raise _type_error(value, struct, where, _type_name(kind))
         return {
             key: _zero(kind.value) if item is None else _decode(item, kind.value, struct, where)
             for key, item in value.items()
