@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -39,13 +40,7 @@ def main(source: str, target: str) -> None:
     for x, n, ratio in zip(runners, sizes, series("floor_ratio"), strict=True):
         left.annotate(f"{n} pools\nratio {ratio:.2f}", (x, data[f"reconcile.pools_{n}.pass_ms"]),
                       textcoords="offset points", xytext=(6, -22), fontsize=8)  # fmt: skip
-    left.set_xscale("log")
-    left.set_yscale("log")
-    left.set_xlabel("runners (pools x runners per pool)")
-    left.set_ylabel("ms")
-    left.set_title("steady-state reconcile pass")
-    left.grid(True, which="both", alpha=0.3)
-    left.legend(fontsize=8)
+    dress(left, "runners (pools x runners per pool)", "steady-state reconcile pass")
 
     # Claims were measured while passes over all the runners ran back to back, from the
     # sizes that have enough runners to claim from (bench_scale.py).
@@ -61,16 +56,21 @@ def main(source: str, target: str) -> None:
                label="floor p50 (idle round trip + bare create)")  # fmt: skip
     right.plot(at, claims("floor.p99_ms"), "v:", color="black",
                label="floor p99")  # fmt: skip
-    right.set_xscale("log")
-    right.set_xlabel("runners in the controller")
-    right.set_ylabel("ms")
-    right.set_yscale("log")
-    right.set_title("claims while passes run back to back")
-    right.grid(True, which="both", alpha=0.3)
-    right.legend(fontsize=8)
+    dress(right, "runners in the controller", "claims while passes run back to back")
     figure.suptitle("poolkeeper bench (simulator on loopback, 2 cores)", fontsize=10)
     figure.tight_layout()
     figure.savefig(target)
+
+
+def dress(axes: Any, xlabel: str, title: str) -> None:
+    """Both plots: log-log in milliseconds, a grid, a small legend."""
+    axes.set_xscale("log")
+    axes.set_yscale("log")
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel("ms")
+    axes.set_title(title)
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize=8)
 
 
 if __name__ == "__main__":
