@@ -21,6 +21,13 @@ async def _running(client: Client, sim: Simulator, job: dict[str, Any]) -> list[
     await wait_until(
         lambda: [a["ClientStatus"] for a in sim.allocations(job["ID"])] == ["running"] * count
     )
+    # Its deployment completes in a commit of its own, after the allocations run: wait for
+    # it too, so that a stream opened now sees only what the test does next.
+    await wait_until(
+        lambda: all(
+            d["Status"] != "running" for d in sim.deployments.values() if d["JobID"] == job["ID"]
+        )
+    )
     return sim.allocations(job["ID"])
 
 
