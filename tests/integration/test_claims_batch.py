@@ -142,6 +142,8 @@ async def test_concurrent_batches_never_share_a_runner(harness: Harness, tmp_pat
             assert status == 503 and body["error"]["code"] == "PoolEmpty", body
     seen = Counter(runner for batch in batches for runner in batch)
     assert all(n == 1 for n in seen.values()), "a runner was in two batches"
+    # At most 20 // 3 batches fit; concurrent batches that fail hold runners for a moment
+    # (released at once), so fewer may succeed, but never none.
     assert 1 <= len(batches) <= 6
     # Nomad holds exactly the claims that were handed out: none from a failed batch.
     assert set(live_claims(harness)) == set(seen)

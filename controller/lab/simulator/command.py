@@ -39,6 +39,7 @@ async def _serve(sim: Simulator, host: str, port: int, context: ssl.SSLContext |
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
+        # Event loops without signal handlers (Windows) stop on KeyboardInterrupt instead.
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     try:
