@@ -28,13 +28,17 @@ from controller.api.auth import (
     parse_token_lines,
     read_token_file,
 )
+from controller.claims.runners import RunnerClaims
 from controller.claims.service import ClaimService
+from controller.claims.store import ClaimStore
 from controller.core.events import EventSink, PoolEvent
 from controller.core.leases import DEFAULT_TTL_SECONDS, MIN_TTL_SECONDS
 from controller.core.times import utcnow
+from controller.engine.directory import EngineDirectory
 from controller.engine.engine import Clock, Engine
 from controller.engine.publish import StatusSink
 from controller.errors import UsageError
+from controller.executions.activity import WATCH_SECONDS
 from controller.executions.files import FileOperations
 from controller.executions.manager import ExecutionManager
 from controller.metrics import Metrics
@@ -63,6 +67,9 @@ HTTP_IDLE_TIMEOUT_SECONDS = 75.0
 # 5 ms). The engine computes its passes in worker threads while the claim API answers on
 # the loop thread, which then gets the GIL back within this time.
 GIL_SWITCH_SECONDS = 0.0005
+# Blocking reads (busy runners' claims) at once, and the read timeout beyond their wait.
+WATCH_CONNECTIONS = 1024
+WATCH_MARGIN_SECONDS = 5.0
 
 
 def lease_ttl(value: float) -> float:
@@ -279,6 +286,16 @@ class Service:
         self.client = NomadClient(
             nomad, on_request=self.metrics.observe_nomad_request, user_agent=user_agent
         )
+        # Blocking reads hold their connection while they wait: a session of their own,
+        # so they never take the connections passes and claims need.
+        self.watch_client = NomadClient(
+            nomad,
+            max_connections=WATCH_CONNECTIONS,
+            timeout=WATCH_SECONDS + WATCH_MARGIN_SECONDS,
+            on_request=self.metrics.observe_nomad_request,
+            user_agent=user_agent,
+        )
+        store = ClaimStore(self.client, self.watch_client)
         self.engine = Engine(
             self.client,
             self.metrics,
@@ -292,13 +309,16 @@ class Service:
             orphan_advice=orphan_advice,
             identity=self.identity(),
             lease_ttl_seconds=settings.lease_ttl_seconds,
+            store=store,
         )
-        self.claims = ClaimService(self.engine)
+        self.directory = EngineDirectory(self.engine)
+        self.claims = ClaimService(self.directory, store, self.metrics)
+        self.runners = RunnerClaims(self.directory, store, self.metrics)
         self.exec = NomadExec(
             nomad, on_request=self.metrics.observe_nomad_request, user_agent=user_agent
         )
         self.executions = ExecutionManager(
-            self.engine, self.claims, self.client, self.exec, self.metrics
+            self.directory, self.runners, self.client, self.exec, self.metrics
         )
         self.files = FileOperations(self.executions.activity, self.exec, self.metrics)
         poseidon = settings.poseidon
@@ -342,11 +362,12 @@ class Service:
         """Start the one listener for API, health and metrics; returns its URL."""
         sys.setswitchinterval(GIL_SWITCH_SECONDS)
         app = create_app(
-            self.engine,
+            self.directory,
             self.metrics,
             self.tokens,
             ready,
             self.claims,
+            self.runners,
             self.executions,
             self.files,
             log_requests=self.service_settings.access_log,
@@ -354,8 +375,9 @@ class Service:
         poseidon = self.service_settings.poseidon
         if poseidon.enabled:
             context = Poseidon(
-                self.engine,
+                self.directory,
                 self.claims,
+                self.runners,
                 self.tokens,
                 poseidon,
                 self.environments,
@@ -491,4 +513,5 @@ class Service:
         if self._runner is not None:
             await self._runner.cleanup()
         await self.exec.close()
+        await self.watch_client.close()
         await self.client.close()

@@ -16,16 +16,11 @@ from controller.api.access_log import access_log
 from controller.api.auth import Handler, TokenSet, auth_middleware
 from controller.api.execution_routes import EXECUTIONS_KEY, FILES_KEY
 from controller.api.openapi import document
-from controller.api.route import CLAIMS_KEY
-from controller.api.routes import (
-    ENGINE_KEY,
-    METRICS_KEY,
-    OPENAPI_KEY,
-    READY_KEY,
-    ROUTES,
-)
+from controller.api.route import CLAIMS_KEY, DIRECTORY_KEY, RUNNERS_KEY
+from controller.api.routes import METRICS_KEY, OPENAPI_KEY, READY_KEY, ROUTES
+from controller.claims.runners import RunnerClaims
 from controller.claims.service import ClaimService
-from controller.engine.engine import Engine
+from controller.directory.view import PoolDirectory
 from controller.errors import ErrorCode, ServiceError
 from controller.executions.files import FileOperations
 from controller.executions.manager import ExecutionManager
@@ -80,11 +75,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 
 def create_app(
-    engine: Engine,
+    directory: PoolDirectory,
     metrics: Metrics,
     tokens: TokenSet,
     ready: Callable[[], list[str]],
     claims: ClaimService,
+    runners: RunnerClaims,
     executions: ExecutionManager,
     files: FileOperations,
     *,
@@ -96,8 +92,9 @@ def create_app(
     if log_requests:
         middlewares.insert(0, access_log)  # outermost: it logs the status answered
     app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
-    app[ENGINE_KEY] = engine
+    app[DIRECTORY_KEY] = directory
     app[CLAIMS_KEY] = claims
+    app[RUNNERS_KEY] = runners
     app[EXECUTIONS_KEY] = executions
     app[FILES_KEY] = files
     app[METRICS_KEY] = metrics

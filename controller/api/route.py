@@ -11,7 +11,9 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from controller.api.auth import scope
+from controller.claims.runners import RunnerClaims
 from controller.claims.service import ClaimService
+from controller.directory.view import PoolDirectory
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -19,12 +21,14 @@ RUNNER_GONE = "the runner is gone; `reason` says why"
 NOT_CLAIMED = "not a claimed runner (idle, foreign, unknown or malformed ID)"
 
 CLAIMS_KEY: web.AppKey[ClaimService] = web.AppKey("claims", ClaimService)
+RUNNERS_KEY: web.AppKey[RunnerClaims] = web.AppKey("runners", RunnerClaims)
+DIRECTORY_KEY: web.AppKey[PoolDirectory] = web.AppKey("directory")
 
 
 def runner_in_scope(request: web.Request) -> str:
     """The route's runner, whose pool the request's token must cover (403 otherwise)."""
     runner_id = request.match_info["runnerId"]
-    scope(request).require(request.app[CLAIMS_KEY].pool_of_runner(runner_id).key)
+    scope(request).require(request.app[RUNNERS_KEY].pool_of_runner(runner_id).key)
     return runner_id
 
 

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from controller.api.auth import EVERY_POOL, Scope, scope
 from controller.api.bodies import read_body
+from controller.api.claim_view import claim_answer, claim_view
 from controller.api.execution_routes import EXECUTION_ROUTES
 from controller.api.models import (
     Claim,
@@ -19,11 +20,18 @@ from controller.api.models import (
     PoolList,
     PoolsClaimBody,
 )
-from controller.api.route import CLAIMS_KEY, NOT_CLAIMED, RUNNER_GONE, Route, runner_in_scope
-from controller.engine.engine import Engine
+from controller.api.route import (
+    CLAIMS_KEY,
+    DIRECTORY_KEY,
+    NOT_CLAIMED,
+    RUNNER_GONE,
+    RUNNERS_KEY,
+    Route,
+    runner_in_scope,
+)
+from controller.directory.view import PoolDirectory
 from controller.metrics import Metrics
 
-ENGINE_KEY: web.AppKey[Engine] = web.AppKey("engine", Engine)
 METRICS_KEY: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
 READY_KEY: web.AppKey[Callable[[], list[str]]] = web.AppKey("ready")
 OPENAPI_KEY: web.AppKey[dict[str, Any]] = web.AppKey("openapi")
@@ -41,61 +49,65 @@ def pool_in_scope(request: web.Request) -> tuple[str, str]:
 async def claim(request: web.Request) -> web.Response:
     namespace, name = pool_in_scope(request)
     body = await read_body(request, ClaimBody)
-    view, created = await request.app[CLAIMS_KEY].claim(namespace, name, body.to_request())
-    return web.json_response(view, status=201 if created else 200)
+    claimed = await request.app[CLAIMS_KEY].claim(namespace, name, body.to_request())
+    answer = claim_answer(claimed, request.app[DIRECTORY_KEY], body.count is not None)
+    return web.json_response(answer, status=201 if claimed.created else 200)
 
 
 async def claim_from_pools(request: web.Request) -> web.Response:
     body = await read_body(request, PoolsClaimBody)
     for key in body.pools:
         scope(request).require(key)
-    view, created = await request.app[CLAIMS_KEY].claim_from(body.pools, body.to_request())
-    return web.json_response(view, status=201 if created else 200)
+    claimed = await request.app[CLAIMS_KEY].claim_from(body.pools, body.to_request())
+    answer = claim_answer(claimed, request.app[DIRECTORY_KEY], body.count is not None)
+    return web.json_response(answer, status=201 if claimed.created else 200)
 
 
 async def list_claims(request: web.Request) -> web.Response:
-    claims = await request.app[CLAIMS_KEY].pool_claims(*pool_in_scope(request))
-    return web.json_response({"claims": claims})
+    records = await request.app[RUNNERS_KEY].pool_claims(*pool_in_scope(request))
+    directory = request.app[DIRECTORY_KEY]
+    return web.json_response({"claims": [claim_view(r, directory) for r in records]})
 
 
 async def get_runner(request: web.Request) -> web.Response:
-    return web.json_response(await request.app[CLAIMS_KEY].get(runner_in_scope(request)))
+    record = await request.app[RUNNERS_KEY].get(runner_in_scope(request))
+    return web.json_response(claim_view(record, request.app[DIRECTORY_KEY]))
 
 
 async def keepalive(request: web.Request) -> web.Response:
-    view = await request.app[CLAIMS_KEY].keepalive(runner_in_scope(request))
-    return web.json_response(view)
+    record = await request.app[RUNNERS_KEY].keepalive(runner_in_scope(request))
+    return web.json_response(claim_view(record, request.app[DIRECTORY_KEY]))
 
 
 async def release(request: web.Request) -> web.Response:
-    await request.app[CLAIMS_KEY].release(runner_in_scope(request))
+    await request.app[RUNNERS_KEY].release(runner_in_scope(request))
     return web.Response(status=204)
 
 
-def pool_summaries(engine: Engine, visible: Scope = EVERY_POOL) -> list[dict[str, Any]]:
+def pool_summaries(directory: PoolDirectory, visible: Scope = EVERY_POOL) -> list[dict[str, Any]]:
     """The pools as `GET /v1/pools` shows them, those in `visible` (also the demo's
     table)."""
     pools = []
-    for view in sorted(engine.pools.values(), key=lambda v: v.key):
-        if not view.active or not visible.allows(view.key):
+    for key in sorted(directory.pools):
+        entry = directory.pools[key]
+        if not entry.active or entry.pool is None or not visible.allows(key):
             continue  # removed from the files (only its runners are being destroyed), or hidden
-        namespace, name = view.key.split("/", 1)
+        namespace, name = key.split("/", 1)
+        spec = entry.pool.spec
         pools.append(
             {
                 "namespace": namespace,
                 "name": name,
-                "spec": {
-                    "idleRunners": view.policy.desired_idle,
-                    "maxRunners": view.policy.max_runners,
-                },
-                "status": view.status.to_dict() if view.status else {},
+                "spec": {"idleRunners": spec.idle_runners, "maxRunners": spec.max_runners},
+                "status": dict(entry.status),
             }
         )
     return pools
 
 
 async def list_pools(request: web.Request) -> web.Response:
-    return web.json_response({"pools": pool_summaries(request.app[ENGINE_KEY], scope(request))})
+    directory = request.app[DIRECTORY_KEY]
+    return web.json_response({"pools": pool_summaries(directory, scope(request))})
 
 
 async def healthz(_: web.Request) -> web.Response:

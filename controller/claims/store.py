@@ -34,7 +34,7 @@ from controller.core.claims import (
 )
 from controller.core.requests import abandoned_requests
 from controller.nomad.errors import NomadConflict
-from controller.nomad.port import Variables
+from controller.nomad.port import Variables, VariableWatch
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +51,10 @@ class _NamespaceCache:
 
 
 class ClaimStore:
-    def __init__(self, port: Variables) -> None:
+    def __init__(self, port: Variables, watcher: VariableWatch | None = None) -> None:
+        """`watcher` makes blocking reads (`watch`); a store without one reads again."""
         self._port = port
+        self._watcher = watcher
         self._caches: dict[str, _NamespaceCache] = {}
 
     # -- claims ------------------------------------------------------------------------
@@ -101,6 +103,16 @@ class ClaimStore:
         """The runner's claim as Nomad holds it now, or None when there is none. Raises
         MalformedClaim for a variable that does not parse."""
         variable = await self._port.read_variable(CLAIMS_PREFIX + runner_id, namespace)
+        return None if variable is None else ClaimRecord.from_variable(variable)
+
+    async def watch(self, record: ClaimRecord, within: float) -> ClaimRecord | None:
+        """The claim once its variable changes from `record` (or as it is after `within`
+        seconds); None once the variable is gone. Raises MalformedClaim."""
+        if self._watcher is None:
+            return await self.read(record.runner_id, record.namespace)
+        variable, _ = await self._watcher.wait_variable(
+            record.path, record.namespace, record.modify_index, within
+        )
         return None if variable is None else ClaimRecord.from_variable(variable)
 
     def remember(self, record: ClaimRecord) -> None:

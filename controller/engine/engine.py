@@ -42,10 +42,6 @@ def _ignore(_: PoolEvent) -> None:
     pass
 
 
-def _always(_: str) -> bool:
-    return True
-
-
 class PoolViews(Mapping[str, PoolView]):
     """The registered pools by key, read-only."""
 
@@ -83,6 +79,7 @@ class Engine:
         orphan_advice: str = "",
         identity: str | None = None,
         lease_ttl_seconds: float = DEFAULT_TTL_SECONDS,
+        store: ClaimStore | None = None,
     ) -> None:
         """With an `identity` (and `reconcile`), every pool is written only while this
         process holds its lease (core/leases.py); without one, this process writes every
@@ -90,7 +87,7 @@ class Engine:
         self.metrics = metrics
         self.clock = clock
         self._port = port
-        self.store = ClaimStore(port)
+        self.store = store or ClaimStore(port)  # shared with the claim path: one cache
         self._registry = PoolRegistry(surge=surge, events=on_event)
         self.pools = PoolViews(self._registry)
         self._publisher = Publisher(metrics, on_status)
@@ -114,8 +111,12 @@ class Engine:
             if identity is not None and reconcile
             else None
         )
-        may_write = self.leases.holds if self.leases is not None else _always
-        self._applier = Applier(port, self.store, metrics, on_event, rng, may_write)
+        # Whether this process writes a pool's jobs now: it holds the pool's lease (or,
+        # without leases, reconciles at all).
+        self.writes: Callable[[str], bool] = (
+            self.leases.holds if self.leases is not None else lambda _: reconcile
+        )
+        self._applier = Applier(port, self.store, metrics, on_event, rng, self.writes)
         self._reconciler = Reconciler(
             port,
             self.store,
@@ -208,10 +209,12 @@ class Engine:
         """Keys of the reconciled pools not observed yet; empty when the engine is ready."""
         return self._registry.unready()
 
-    async def purge_runner(self, runner_id: str, namespace: str) -> None:
-        """Purge a released runner's job now rather than on the next pass (its tombstone,
-        already written, makes every pass purge it again until it is gone)."""
+    async def purge_ended(self, key: str, runner_id: str, namespace: str, state: str) -> None:
+        """Purge the job of a runner whose claim just became a tombstone (`state`: why),
+        now rather than on the next pass (the tombstone makes every pass purge it again
+        until it is gone)."""
         await self._port.purge_job(runner_id, namespace)
+        self.metrics.runners_destroyed.labels(pool=key, reason=state).inc()
 
     async def resume_drains(self) -> None:
         await self._drains.resume()

@@ -10,7 +10,6 @@ refusal is reported in its status (`refusal`).
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,52 +21,15 @@ from controller.core import breaker as breakers
 from controller.core.demand import IdleTarget, Pacing
 from controller.core.events import EventSink, prefix_conflict
 from controller.core.leases import LeaseState
+from controller.core.offers import EMPTY, Offer, offer_of
 from controller.core.problems import PoolProblem, Problem, prefix_owners
 from controller.core.runner_ids import is_runner_id
 from controller.core.schedule import ScheduleWindow
 from controller.core.status import PoolStatus
 from controller.core.views import DemandPolicy, PoolMode, PoolObservation, PoolPolicy, Runner
+from controller.core.waiting import WaitingClaims
 from controller.model import RunnerPool, RunnerPoolSpec
 from controller.nomad.jobs import render_job, template_hash
-
-
-@dataclass
-class WaitingRequest:
-    """One request counted as waiting; `answered` once this pool has answered it."""
-
-    answered: bool = False
-
-
-@dataclass
-class WaitingClaims:
-    """The claim requests this process holds waiting for idle runners of a pool: when each
-    arrived, once per runner it wants, and how many runners were wanted by requests that
-    stopped waiting without this pool answering them since the last pass took the count.
-    The demand estimate counts both (core/demand.py)."""
-
-    arrivals: list[datetime] = field(default_factory=list)
-    abandoned: int = 0
-
-    @contextlib.contextmanager
-    def counted(self, arrived: datetime, runners: int) -> Iterator[WaitingRequest]:
-        """Counted while the block runs: the request waits in it. A request the block
-        leaves unanswered (timed out, cancelled, answered by another pool) counts as
-        abandoned."""
-        request = WaitingRequest()
-        added = [arrived] * runners
-        self.arrivals.extend(added)
-        try:
-            yield request
-        finally:
-            for moment in added:
-                self.arrivals.remove(moment)
-            if not request.answered:
-                self.abandoned += runners
-
-    def take_abandoned(self) -> int:
-        """The runners of the requests abandoned since the last call."""
-        abandoned, self.abandoned = self.abandoned, 0
-        return abandoned
 
 
 @dataclass
@@ -97,6 +59,8 @@ class ManagedPool:
     pacing: Pacing | None = None
     # Claim requests waiting for its runners, which the claim service keeps up to date.
     waiting: WaitingClaims = field(default_factory=WaitingClaims)
+    # The offer made of `runners` (computed when first asked for after a pass).
+    _offered: tuple[tuple[Runner, ...], Offer] = ((), EMPTY)
 
     @property
     def spec_hash(self) -> str:
@@ -117,6 +81,25 @@ class ManagedPool:
     def active(self) -> bool:
         """Defined (in the files or the cluster) and not being removed."""
         return self.pool is not None and self.policy.mode is PoolMode.ACTIVE
+
+    @property
+    def offer(self) -> Offer:
+        """The claimable runners of the last pass, in the order claims try them."""
+        runners, offer = self._offered
+        if runners is not self.runners:
+            observation = self.observation
+            offer = (
+                offer_of(
+                    self.runners,
+                    observation.allocations,
+                    observation.leaving_nodes,
+                    with_start=self.policy.demand is not None,
+                )
+                if observation is not None
+                else EMPTY
+            )
+            self._offered = (self.runners, offer)
+        return offer
 
 
 class PoolView(Protocol):
@@ -161,6 +144,10 @@ class PoolView(Protocol):
     @property
     def waiting(self) -> WaitingClaims:
         """Where a claim request that waits for the pool's runners says so."""
+
+    @property
+    def offer(self) -> Offer:
+        """The claimable runners of the last pass, in the order claims try them."""
 
 
 class PoolRegistry:

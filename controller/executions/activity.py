@@ -5,15 +5,17 @@ use, and the runners with executions running in this process.
   keepalive through the claim service), at most one write per runner per second:
   requests within a second of the last write share it.
 - A runner with running executions is *busy*: while it is, its claim is renewed when half
-  its inactivity timeout is left, so no process expires it, and this process's engine
-  renews rather than expires it if a renewal came late (Engine.keep_claims_in_use). When
+  its inactivity timeout is left, so no process expires it, and where this process
+  reconciles, it renews rather than expires it if a renewal came late
+  (PoolDirectory.keep_claims_in_use). When
   its last execution ends the claim is moved once more. Executions of the Poseidon API
   do not keep the claim alive (Poseidon's inactivity timer runs on during them): they
   are only stopped when it ends.
 - A busy runner's executions are stopped with an `error` frame when its claim ends: a
-  release or expiry found by this process's claim service (at once), or whatever the
-  engine's next observation shows (a tombstone written by another process, a lost
-  allocation).
+  release or expiry found by this process (at once), or a tombstone any other process
+  wrote (a release through another replica, a lost allocation, an expiry), seen by a
+  blocking read of the claim variable that returns as soon as it changes. Nothing here
+  reads a pool's observation, so an API replica that reconciles nothing does the same.
 """
 
 from __future__ import annotations
@@ -25,11 +27,10 @@ from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from controller.claims.service import ClaimService
+from controller.claims.runners import RunnerClaims
 from controller.core.claims import GONE_REASONS, ClaimRecord, ClaimState
-from controller.core.views import AllocationView, RunnerState
-from controller.engine.engine import Engine
-from controller.engine.registry import PoolView
+from controller.core.views import AllocationView
+from controller.directory.view import PoolDirectory, PoolEntry
 from controller.errors import ErrorCode, ServiceError
 from controller.model import ExecutionsSpec
 from controller.nomad.client import NomadClient
@@ -46,6 +47,9 @@ PRUNE_SECONDS = 60.0
 LOSS_CHECK_PAUSES = (0.0, 0.3, 0.7)
 # A renewal that failed (Nomad unavailable) is tried again this soon.
 RETRY_SECONDS = 1.0
+# The longest blocking read of a busy runner's claim (the Nomad client's read timeout is
+# longer; Nomad adds up to a sixteenth).
+WATCH_SECONDS = 8.0
 
 LOST = "runner lost: "
 ENDED_MESSAGES = {
@@ -67,7 +71,7 @@ class Stoppable(Protocol):
 class Target:
     """A claimed runner that a request acts on, as its claim was just read."""
 
-    view: PoolView
+    view: PoolEntry
     record: ClaimRecord
 
     @property
@@ -101,9 +105,9 @@ def ended_message(error: ServiceError) -> str:
 
 
 class Activity:
-    def __init__(self, claims: ClaimService, engine: Engine, nomad: NomadClient) -> None:
+    def __init__(self, claims: RunnerClaims, directory: PoolDirectory, nomad: NomadClient) -> None:
         self.claims = claims
-        self.engine = engine
+        self.directory = directory
         self.nomad = nomad
         self._recent: dict[str, _Recent] = {}
         self._pruned = time.monotonic()
@@ -111,12 +115,12 @@ class Activity:
         self._busy: dict[str, _Busy] = {}
         self._background: set[asyncio.Task[None]] = set()
         claims.claim_ended.append(self._claim_ended)
-        engine.keep_claims_in_use(self.in_use)
+        directory.keep_claims_in_use(self.in_use)
 
     def spec(self, runner_id: str) -> ExecutionsSpec:
         """The executions settings of the runner's pool, known from its ID alone (no
         Nomad read): requests are checked against them before anything is written."""
-        view = self.engine.pool_for_runner(runner_id)
+        view = self.directory.pool_for_runner(runner_id)
         if view is None or view.pool is None:
             return ExecutionsSpec()  # reading its claim answers 404 next
         return view.pool.spec.executions
@@ -130,11 +134,11 @@ class Activity:
         if (
             recent is not None
             and now - recent.seen < COALESCE_SECONDS
-            and not recent.target.record.is_expired(self.engine.clock())
+            and not recent.target.record.is_expired(self.directory.clock())
         ):
             return recent.target
         record = await self.claims.live(runner_id)
-        view = self.engine.pools.get(record.pool)
+        view = self.directory.pools.get(record.pool)
         if view is None:  # the pool went between the read and now
             raise ServiceError(ErrorCode.RUNNER_NOT_FOUND, f"runner {runner_id} is not claimed")
         target = Target(view, record)
@@ -241,16 +245,21 @@ class Activity:
             await asyncio.sleep(pause)
             reason = await self._loss(target.record)
             if reason is not None:
-                self.engine.hint_namespace(target.record.namespace)
+                self.directory.runners_taken(target.view)  # its reconciler looks at once
                 return reason
         return None
 
     async def _loss(self, record: ClaimRecord) -> str | None:
         try:
             await self.claims.live(record.runner_id)
-            allocation = await self.nomad.read_allocation(record.allocation_id, record.namespace)
         except ServiceError as error:
             return ended_message(error) if error.code is ErrorCode.RUNNER_GONE else None
+        return await self._allocation_loss(record)
+
+    async def _allocation_loss(self, record: ClaimRecord) -> str | None:
+        """What the claimed allocation says of the runner's loss (None: nothing)."""
+        try:
+            allocation = await self.nomad.read_allocation(record.allocation_id, record.namespace)
         except NomadError:
             return None
         return loss_reason(allocation, record)
@@ -267,23 +276,31 @@ class Activity:
 
     async def _keep(self, busy: _Busy) -> None:
         """Renew the claim while half its timeout is left (while an execution holds it),
-        and stop the executions when an observation shows the claim ended."""
+        and stop the executions as soon as the claim variable shows the claim ended."""
         runner_id = busy.record.runner_id
         while True:
             timeout = busy.record.inactivity_timeout_seconds
-            left = (busy.record.expires_at - self.engine.clock()).total_seconds()
+            left = (busy.record.expires_at - self.directory.clock()).total_seconds()
             within = left - timeout / 2 if busy.holding else max(left, RETRY_SECONDS)
-            await self.engine.wait_for_observation(busy.target.view.key, within)
-            message, expired = self._observed_end(busy)
-            if message is not None:
-                if message.startswith(LOST):  # the allocation says more: OOM killed, stopped
-                    message = await self._loss(busy.record) or message
+            try:
+                seen = await self.claims.watch(busy.record, min(max(within, 0.0), WATCH_SECONDS))
+            except NomadError as error:
+                log.debug("watching the claim of busy runner %s: %s", runner_id, error)
+                await asyncio.sleep(RETRY_SECONDS)
+                continue
+            if seen is None or seen.is_tombstone:
+                state = seen.state if seen is not None else ClaimState.LOST
+                message = ENDED_MESSAGES[state]
+                if state is ClaimState.LOST:  # the allocation says more: OOM killed, stopped
+                    message = await self._allocation_loss(busy.record) or message
                 self.stop_all(runner_id, message)
                 return
+            if seen.modify_index > busy.record.modify_index:
+                busy.record = seen  # renewed elsewhere (a request through another replica)
             if not busy.holding:
                 continue
-            left = (busy.record.expires_at - self.engine.clock()).total_seconds()
-            if not expired and left > timeout / 2:
+            left = (busy.record.expires_at - self.directory.clock()).total_seconds()
+            if left > timeout / 2:
                 continue
             try:
                 busy.record = await self.claims.renew(busy.record, past_deadline=True)
@@ -295,23 +312,6 @@ class Activity:
                 await asyncio.sleep(RETRY_SECONDS)
             else:
                 self._remember(Target(busy.target.view, busy.record), written=time.monotonic())
-
-    def _observed_end(self, busy: _Busy) -> tuple[str | None, bool]:
-        """What the pool's latest observation says of the runner: the message its
-        executions end with (None while it lives), and whether its claim looks expired
-        (then it is renewed at once)."""
-        view = self.engine.pools.get(busy.target.view.key)
-        if view is None:
-            return None, False
-        runner_id = busy.record.runner_id
-        runner = next((r for r in view.runners if r.id == runner_id), None)
-        if runner is None:
-            return LOST + "its job is gone", False
-        if runner.claim is not None and runner.claim.is_tombstone:
-            return ENDED_MESSAGES[runner.claim.state], False
-        if runner.state is RunnerState.LOST:
-            return LOST + runner.reason, False
-        return None, runner.state is RunnerState.EXPIRED
 
     async def _last_touch(self, target: Target) -> None:
         try:

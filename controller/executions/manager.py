@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-from controller.claims.service import ClaimService
-from controller.engine.engine import Engine
+from controller.claims.runners import RunnerClaims
+from controller.directory.view import PoolDirectory
 from controller.errors import ErrorCode, ServiceError
 from controller.executions.activity import Activity, Target, ended_message
 from controller.executions.commands import (
@@ -312,8 +312,8 @@ class Execution:
 class ExecutionManager:
     def __init__(
         self,
-        engine: Engine,
-        claims: ClaimService,
+        directory: PoolDirectory,
+        claims: RunnerClaims,
         nomad: NomadClient,
         exec_client: NomadExec,
         metrics: Metrics,
@@ -321,7 +321,7 @@ class ExecutionManager:
         self.claims = claims
         self.exec = exec_client
         self.metrics = metrics
-        self.activity = Activity(claims, engine, nomad)
+        self.activity = Activity(claims, directory, nomad)
         self._pending: dict[str, tuple[Prepared, asyncio.TimerHandle]] = {}
         self._running: set[Execution] = set()
 

@@ -50,9 +50,11 @@ from rich.table import Table
 
 from controller.api.app import create_app
 from controller.api.auth import TokenSet
+from controller.claims.runners import RunnerClaims
 from controller.claims.service import ClaimService
 from controller.core.status import count
 from controller.core.views import RunnerState
+from controller.engine.directory import EngineDirectory
 from controller.engine.engine import Engine
 from controller.errors import EXIT_FAILURE, EXIT_OK
 from controller.executions.files import FileOperations
@@ -369,7 +371,7 @@ async def release_claimed(controller: Controller | PassiveController, within: fl
 
     async def release(runner_id: str) -> None:
         async with gate:
-            await controller.claims.release(runner_id)
+            await controller.runners.release(runner_id)
 
     def settled() -> bool:
         return all_full(engine) and all(
@@ -424,10 +426,12 @@ class PassiveController:
         config = NomadConfig.from_env({"NOMAD_ADDR": sim_url})
         self.client = NomadClient(config, on_request=self._count)
         self.engine = Engine(self.client, self.metrics, resync_seconds=3600.0, surge=surge)
-        self.claims = ClaimService(self.engine)
+        self.directory = EngineDirectory(self.engine)
+        self.claims = ClaimService(self.directory, self.engine.store, self.metrics)
+        self.runners = RunnerClaims(self.directory, self.engine.store, self.metrics)
         self.exec = NomadExec(config)
         self.executions = ExecutionManager(
-            self.engine, self.claims, self.client, self.exec, self.metrics
+            self.directory, self.runners, self.client, self.exec, self.metrics
         )
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -443,11 +447,12 @@ class PassiveController:
         for document in documents:
             self.engine.upsert_pool(RunnerPool.parse_document(document))
         app = create_app(
-            self.engine,
+            self.directory,
             self.metrics,
             TokenSet(None),
             self.engine.ready,
             self.claims,
+            self.runners,
             self.executions,
             FileOperations(self.executions.activity, self.exec, self.metrics),
         )

@@ -57,7 +57,7 @@ class Story:
 
     def table(self, last: int | None = 12) -> Group:
         """The pools, and the story's last steps (every step with `last=None`)."""
-        pools = pools_table(pool_summaries(self.controller.engine))
+        pools = pools_table(pool_summaries(self.controller.directory))
         steps = Table(title="story", show_header=False, expand=False)
         steps.add_column("step")
         steps.add_column("outcome")

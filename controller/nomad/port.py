@@ -46,7 +46,15 @@ class Variables(Protocol):
     ) -> None: ...
 
 
-class Locks(Protocol):
+class VariableWatch(Protocol):
+    """Blocking reads of one variable (Nomad's blocking queries)."""
+
+    async def wait_variable(
+        self, path: str, namespace: str, index: int, wait_seconds: float
+    ) -> tuple[dict[str, Any] | None, int]: ...
+
+
+class Locks(VariableWatch, Protocol):
     """Nomad's variable locks (1.7+): the pools' leases."""
 
     async def acquire_lock(
@@ -62,10 +70,6 @@ class Locks(Protocol):
     ) -> dict[str, Any]: ...
 
     async def read_variable(self, path: str, namespace: str) -> dict[str, Any] | None: ...
-
-    async def wait_variable(
-        self, path: str, namespace: str, index: int, wait_seconds: float
-    ) -> tuple[dict[str, Any] | None, int]: ...
 
 
 class NomadPort(JobWriter, Variables, Locks, Protocol):

@@ -19,7 +19,7 @@ from controller import __version__
 from controller.api.auth import SCOPE_KEY, Handler, Scope, TokenSet, scope
 from controller.claims.service import ClaimRequest
 from controller.core.gojson import go_bool, go_int
-from controller.engine.registry import PoolView
+from controller.directory.view import PoolEntry
 from controller.errors import ErrorCode as ServiceCode
 from controller.errors import ServiceError
 from controller.model import POSEIDON_ENVIRONMENT_LABEL
@@ -201,15 +201,15 @@ async def claim_runner(request: web.Request) -> web.Response:
         )
     namespace, name = view.key.split("/", 1)
     try:
-        claim, _ = await poseidon(request).claims.claim(
+        claimed = await poseidon(request).claims.claim(
             namespace, name, ClaimRequest(inactivity_timeout_seconds=timeout or limit)
         )
     except ServiceError as error:
         raise from_service_error(error) from None
-    return answer({"runnerId": claim["runnerId"], "mappedPorts": []})
+    return answer({"runnerId": claimed.records[0].runner_id, "mappedPorts": []})
 
 
-def longest_inactivity(view: PoolView) -> int:
+def longest_inactivity(view: PoolEntry) -> int:
     """The longest inactivity timeout the pool allows (also what 0 means)."""
     assert view.pool is not None
     return view.pool.spec.claims.max_inactivity_timeout_seconds
@@ -218,7 +218,7 @@ def longest_inactivity(view: PoolView) -> int:
 async def delete_runner(request: web.Request) -> web.Response:
     runner_id = await claimed_runner(request)
     try:
-        await poseidon(request).claims.release(runner_id)
+        await poseidon(request).runners.release(runner_id)
     except ServiceError as error:
         if error.code is ServiceCode.NOMAD_UNAVAILABLE:
             raise PoseidonError(

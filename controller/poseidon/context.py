@@ -11,10 +11,9 @@ from typing import Final
 from aiohttp import web
 
 from controller.api.auth import EVERY_POOL, Scope, TokenSet, scope
+from controller.claims.runners import RunnerClaims
 from controller.claims.service import ClaimService
-from controller.core.times import parse_time
-from controller.engine.engine import Engine
-from controller.engine.registry import PoolView
+from controller.directory.view import PoolDirectory, PoolEntry
 from controller.errors import ErrorCode as ServiceCode
 from controller.errors import ServiceError
 from controller.executions.files import FileOperations
@@ -54,19 +53,20 @@ class PoseidonSettings:
 class Poseidon:
     """What the routes are served from."""
 
-    engine: Engine
+    directory: PoolDirectory
     claims: ClaimService
+    runners: RunnerClaims
     tokens: TokenSet
     settings: PoseidonSettings
     store: EnvironmentStore | None  # managed environments (None: readonly)
     executions: ExecutionManager
     files: FileOperations
 
-    def serving(self, visible: Scope = EVERY_POOL) -> dict[int, PoolView]:
+    def serving(self, visible: Scope = EVERY_POOL) -> dict[int, PoolEntry]:
         managed = self.store.keys if self.store is not None else frozenset()
-        return environment_pools(self.engine, managed, visible)
+        return environment_pools(self.directory, managed, visible)
 
-    def is_managed(self, view: PoolView) -> bool:
+    def is_managed(self, view: PoolEntry) -> bool:
         return self.store is not None and view.key in self.store.keys
 
 
@@ -110,16 +110,16 @@ async def claimed_runner(request: web.Request) -> str:
     runner_id = request.match_info["runnerId"]
     context = poseidon(request)
     try:
-        view = context.claims.pool_of_runner(runner_id)
+        view = context.runners.pool_of_runner(runner_id)
         if (
             view.pool is None
             or view.pool.poseidon_environment is None
             or not scope(request).allows(view.key)
         ):
             raise PoseidonError(410, NO_RUNNER)
-        claim = await context.claims.get(runner_id)
+        claim = await context.runners.get(runner_id)
     except ServiceError as error:
         raise from_service_error(error) from None
-    if parse_time(claim["expiresAt"]) <= context.engine.clock():
+    if claim.is_expired(context.directory.clock()):
         raise PoseidonError(410, NO_RUNNER)  # expired: its end is being written down
     return runner_id

@@ -7,22 +7,20 @@ from collections.abc import Collection
 from typing import Any
 
 from controller.api.auth import EVERY_POOL, Scope
-from controller.core.status import count
-from controller.engine.engine import Engine
-from controller.engine.registry import PoolView
+from controller.directory.view import PoolDirectory, PoolEntry
 from controller.model import RunnerPool
 from controller.sources.environments import Environment, environment_of
 
 
 def environment_pools(
-    engine: Engine, managed: Collection[str] = (), visible: Scope = EVERY_POOL
-) -> dict[int, PoolView]:
+    directory: PoolDirectory, managed: Collection[str] = (), visible: Scope = EVERY_POOL
+) -> dict[int, PoolEntry]:
     """Environment ID -> the pool serving it, among the active pools `visible` covers.
 
     When two pools carry one environment's label, a pool of the files or a resource wins
     over a managed one (`managed`: their keys), then the first key in sorted order."""
-    serving: dict[int, PoolView] = {}
-    for view in sorted(engine.pools.values(), key=lambda v: (v.key in managed, v.key)):
+    serving: dict[int, PoolEntry] = {}
+    for view in sorted(directory.pools.values(), key=lambda v: (v.key in managed, v.key)):
         pool = view.pool
         if not view.active or view.conflict is not None or pool is None:
             continue
@@ -32,7 +30,7 @@ def environment_pools(
     return serving
 
 
-def described(view: PoolView) -> Environment:
+def described(view: PoolEntry) -> Environment:
     """The environment a serving pool describes."""
     pool = _spec(view)
     environment = environment_of(pool)
@@ -53,31 +51,35 @@ def environment_body(environment: Environment) -> dict[str, Any]:
     }
 
 
-def statistics(serving: dict[int, PoolView]) -> dict[str, Any]:
+def statistics(serving: dict[int, PoolEntry]) -> dict[str, Any]:
     """`GET /statistics/execution-environments`: keyed by the ID as a string."""
     body: dict[str, Any] = {}
     for env_id, view in sorted(serving.items()):
-        counts = count(view.runners)
         body[str(env_id)] = {
             "id": env_id,
             "prewarmingPoolSize": _spec(view).spec.idle_runners,
-            "idleRunners": counts.idle,
-            "usedRunners": counts.claimed,
+            "idleRunners": _idle(view),
+            "usedRunners": view.status.get("claimedRunners", 0),
         }
     return body
 
 
-def depleting(serving: dict[int, PoolView], threshold: float) -> list[int]:
+def depleting(serving: dict[int, PoolEntry], threshold: float) -> list[int]:
     """The environments whose idle runners are below `threshold` of their prewarming pool
     size (a size of 0 never depletes, nor does a threshold of 0)."""
     return [
         env_id
         for env_id, view in sorted(serving.items())
-        if (size := _spec(view).spec.idle_runners) > 0
-        and count(view.runners).idle / size < threshold
+        if (size := _spec(view).spec.idle_runners) > 0 and _idle(view) / size < threshold
     ]
 
 
-def _spec(view: PoolView) -> RunnerPool:
+def _idle(view: PoolEntry) -> int:
+    """Its idle runners: claimable now, as its last pass counted them."""
+    idle = view.status.get("idleRunners", 0)
+    return idle if isinstance(idle, int) else 0
+
+
+def _spec(view: PoolEntry) -> RunnerPool:
     assert view.pool is not None  # only active pools serve environments
     return view.pool

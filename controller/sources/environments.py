@@ -6,9 +6,10 @@ namespace; its items are the environment's fields as Poseidon names them (string
 pool is the environment template (a RunnerPool document without the fields an
 environment sets) with those fields filled in, named `environment-N`, labelled
 `poolkeeper.dev/poseidon-environment: "N"`. Every process reads the variables again on
-each resync (`refresh`, called by the service) and registers their pools with the engine
-as it does file pools, so leases, rollouts and drains work the same; an environment
-removed from Nomad is drained.
+each resync (`refresh`, called by the service) and a reconciling process registers their
+pools with its engine as it does file pools, so leases, rollouts and drains work the same;
+an environment removed from Nomad is drained. The API tier keeps environments in Nomad
+the same way and registers nothing: the reconcilers take them from there.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import yaml
 from pydantic import ValidationError
 
-from controller.engine.engine import Engine
+from controller.core.views import PoolMode
 from controller.model import (
     API_VERSION,
     KIND,
@@ -274,6 +276,27 @@ def _lookup(document: Mapping[str, Any], path: str) -> Any:
     return value
 
 
+class Registrar(Protocol):
+    """What the store needs of a reconciling process's engine."""
+
+    @property
+    def pools(self) -> Mapping[str, RegisteredPool]: ...
+
+    def upsert_pool(self, pool: RunnerPool) -> None: ...
+
+    def remove_pool(self, key: str, mode: PoolMode | None, deadline: datetime | None) -> None: ...
+
+    clock: Callable[[], datetime]
+
+
+class RegisteredPool(Protocol):
+    @property
+    def pool(self) -> RunnerPool | None: ...
+
+    @property
+    def active(self) -> bool: ...
+
+
 @dataclass(frozen=True)
 class _Stored:
     """One environment variable as last read: its index, and the pool that runs for it
@@ -285,11 +308,13 @@ class _Stored:
 
 
 class EnvironmentStore:
-    """The managed environments: kept in Nomad, registered with the engine as pools.
+    """The managed environments: kept in Nomad, registered with the engine as pools (in a
+    reconciling process: `engine`; the API tier gives none and registers nothing).
 
     `active` says whether this process registers pools at all (a passive operator replica
     does not); registration is level-triggered, so a replica that becomes active
-    registers every environment on its next refresh.
+    registers every environment on its next refresh. `on_written` hears of every put and
+    delete (the API tier tells the reconcilers to read the environments again).
     """
 
     def __init__(
@@ -297,15 +322,17 @@ class EnvironmentStore:
         port: Variables,
         namespace: str,
         template: EnvironmentTemplate,
-        engine: Engine,
+        engine: Registrar | None,
         *,
         active: Callable[[], bool] = lambda: True,
+        on_written: Callable[[], None] = lambda: None,
     ) -> None:
         self._port = port
         self._namespace = namespace
         self.template = template
         self._engine = engine
         self._active = active
+        self._on_written = on_written
         self._stored: dict[int, _Stored] = {}
         self._lock = asyncio.Lock()  # a refresh never applies a read older than a write
         self._warned: set[tuple[str, int]] = set()
@@ -392,6 +419,7 @@ class EnvironmentStore:
                 new_index = int(stored.get("ModifyIndex", 0))
                 self._stored[environment.id] = _Stored(new_index, environment, pool)
                 self._register()
+                self._on_written()
                 return index == 0
         raise NomadConflict(f"{path} changed {CAS_ATTEMPTS} times while being written")
 
@@ -415,6 +443,7 @@ class EnvironmentStore:
                 gone = self._stored.pop(env_id, None)
                 if gone is not None:
                     self._remove(gone)
+                self._on_written()
                 return True
         raise NomadConflict(f"{path} changed {CAS_ATTEMPTS} times while being deleted")
 
@@ -422,7 +451,7 @@ class EnvironmentStore:
 
     def _register(self) -> None:
         """Make the engine hold each environment's pool as it is now."""
-        if not self._active():
+        if self._engine is None or not self._active():
             return
         for stored in self._stored.values():
             pool = stored.pool
@@ -437,12 +466,19 @@ class EnvironmentStore:
                 self._registered.add(pool.key)
 
     def _held_elsewhere(self, key: str) -> bool:
+        if self._engine is None:
+            return False  # the API route checked the pools it serves
         view = self._engine.pools.get(key)
         return view is not None and view.active and key not in self._registered
 
     def _remove(self, stored: _Stored) -> None:
         pool = stored.pool
-        if pool is not None and pool.key in self._registered and self._active():
+        if (
+            self._engine is not None
+            and pool is not None
+            and pool.key in self._registered
+            and self._active()
+        ):
             log.info("Poseidon environment removed: draining pool %s", pool.key)
             self._engine.remove_pool(pool.key, *removal(pool, self._engine.clock()))
             self._registered.discard(pool.key)

@@ -341,11 +341,13 @@ async def test_candidates_are_every_idle_runner_once_in_random_order(harness: Ha
     managed = controller.engine.pools["default/py"]
     idle = sorted(r.id for r in managed.runners if r.state is RunnerState.IDLE)
     assert len(idle) == 20
-    orders = [[r.id for r in controller.claims._candidates(managed)] for _ in range(5)]
+    entry = controller.directory.pools["default/py"]
+    taker = controller.claims.taker
+    orders = [[o.runner_id for o in taker._candidates(entry)] for _ in range(5)]
     for order in orders:
         assert sorted(order) == idle  # a permutation: none missed, none offered twice
     assert len({tuple(order) for order in orders}) > 1  # drawn afresh for every claim
     # A runner this process just claimed is not offered again before the next pass.
     status, claim = await harness.api(controller, "POST", CLAIMS, {})
     assert status == 201, claim
-    assert claim["runnerId"] not in [r.id for r in controller.claims._candidates(managed)]
+    assert claim["runnerId"] not in [o.runner_id for o in taker._candidates(entry)]

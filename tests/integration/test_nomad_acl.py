@@ -68,8 +68,8 @@ async def test_the_controller_works_with_a_token_of_exactly_the_example_policy(
 
         await wait_until(full, what="two idle runners under the example policy")
         assert controller.engine.pools["default/py"].lease.held  # type: ignore[union-attr]
-        claim = await controller.claims.claim("default", "py", ClaimRequest())
-        await controller.claims.release(claim[0]["runnerId"])
+        claimed = await controller.claims.claim("default", "py", ClaimRequest())
+        await controller.runners.release(claimed.records[0].runner_id)
         await wait_until(full, what="the released runner replaced")
         errors = controller.metrics.registry.get_sample_value(
             "poolkeeper_nomad_requests_total", {"endpoint": "/v1/jobs", "code": "403"}

@@ -1,0 +1,194 @@
+"""Taking idle runners: one, or a batch of one pool (all or nothing), from the first pool
+of a list that has them, waiting for runners when the request allows it.
+
+Runners are tried in the pool's offer order (current template first), at random within
+each group, so concurrent claimers (and replicas) spread over different runners. A runner
+this process claimed is not tried again while the pool's offer still lists it (the offer
+was made before the claim).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import random
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from controller.claims.store import ClaimStore
+from controller.core.claims import ClaimRecord
+from controller.core.demand import start_items
+from controller.core.offers import Offered
+from controller.directory.view import PoolDirectory, PoolEntry
+from controller.errors import ErrorCode, ServiceError
+from controller.nomad.errors import NomadError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What a claim request asks of its pools (in order of preference)."""
+
+    entries: tuple[PoolEntry, ...]
+    inactivity: dict[str, int]  # pool key -> the claims' inactivity timeout
+    count: int | None  # None: one runner, answered as a claim; else a batch
+    wait_seconds: float
+
+    @property
+    def runners(self) -> int:
+        return self.count or 1
+
+
+class Taker:
+    def __init__(
+        self, directory: PoolDirectory, store: ClaimStore, rng: random.Random | None = None
+    ) -> None:
+        self.directory = directory
+        self.store = store
+        self.rng = rng or random.Random()
+        # Per pool: runners this process claimed that its offer may still list.
+        self._taken: dict[str, set[str]] = {}
+
+    async def take(self, ask: Ask, request_id: str | None) -> list[ClaimRecord]:
+        """The runners asked for, of the first pool that has them, waiting (at most
+        `wait_seconds`) for an offer of any of the pools while none has. A request that
+        waits says so to the first pool, its preference: the demand estimate counts it
+        (core/demand.py), and its reconciler looks at once to raise the target."""
+        entries, count, inactivity = ask.entries, ask.runners, ask.inactivity
+        deadline = time.monotonic() + ask.wait_seconds
+        records = await self._take_first(entries, count, inactivity, request_id)
+        if records is None and ask.wait_seconds > 0:
+            preferred = entries[0]
+            with preferred.waiting.counted(self.directory.clock(), count) as waiting:
+                self.directory.runners_taken(preferred)
+                while records is None and (remaining := deadline - time.monotonic()) > 0:
+                    await self._wait_for_any(entries, remaining)
+                    records = await self._take_first(entries, count, inactivity, request_id)
+                waiting.answered = records is not None and records[0].pool == preferred.key
+        if records is None:
+            names = ", ".join(entry.key for entry in entries)
+            if not any(entry.observed for entry in entries):
+                # Not "empty": this process has not read the pools from Nomad yet.
+                raise ServiceError(ErrorCode.NOMAD_UNAVAILABLE, f"not read from Nomad yet: {names}")
+            wanted = "an idle runner" if count == 1 else f"{count} idle runners"
+            raise ServiceError(ErrorCode.POOL_EMPTY, f"no pool has {wanted}: {names}")
+        return records
+
+    async def _take_first(
+        self,
+        entries: Sequence[PoolEntry],
+        count: int,
+        inactivity: dict[str, int],
+        request_id: str | None,
+    ) -> list[ClaimRecord] | None:
+        """`count` runners of the first pool (in order) that has them, or None."""
+        for key in [entry.key for entry in entries]:
+            entry = self.directory.pools.get(key)  # its offer as it is now
+            if entry is None:
+                continue
+            records = await self._take_from(entry, count, inactivity[key], request_id)
+            if records:
+                self.directory.runners_taken(entry)
+                return records
+        return None
+
+    async def _wait_for_any(self, entries: Sequence[PoolEntry], within: float) -> None:
+        waits = [
+            asyncio.ensure_future(self.directory.wait_for_offer(entry.key, within))
+            for entry in entries
+        ]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+
+    async def _take_from(
+        self, entry: PoolEntry, count: int, inactivity: int, request_id: str | None
+    ) -> list[ClaimRecord]:
+        """`count` runners of one pool, or none: runners taken before the pool ran out are
+        given back at once (their claims deleted again, so they are idle again)."""
+        if len(entry.offer) < count:
+            return []  # cannot succeed: take nothing rather than take and give back
+        taken: list[ClaimRecord] = []
+        # A batch is claimed at one moment: the demand estimate takes it for one arrival
+        # of `count` claims, not for claims a few milliseconds apart (core/demand.py).
+        claimed_at = self.directory.clock()
+        try:
+            for offered in self._candidates(entry):
+                record = await self._try_claim(entry, offered, inactivity, request_id, claimed_at)
+                if record is not None:
+                    taken.append(record)
+                    if len(taken) == count:
+                        return taken
+        except BaseException:
+            await self._give_back(entry, taken)
+            raise
+        await self._give_back(entry, taken)
+        return []
+
+    async def _give_back(self, entry: PoolEntry, records: Sequence[ClaimRecord]) -> None:
+        """Delete claims this process wrote and never handed out (check-and-set), so the
+        runners are idle again and offered again."""
+        taken = self._taken.get(entry.key, set())
+        for record in records:
+            try:
+                if await self.store.withdraw(record):
+                    taken.discard(record.runner_id)
+                    continue
+                log.warning("claim %s changed before it could be given back", record.path)
+            except NomadError as error:
+                # The claim stays until its inactivity timeout ends it.
+                log.warning("could not give back claim %s: %s", record.path, error)
+
+    def _candidates(self, entry: PoolEntry) -> Iterator[Offered]:
+        """The offer's runners (current template first, then the rest) in random order,
+        skipping those this process claimed while the offer still lists them.
+
+        The order is drawn lazily (a Fisher-Yates shuffle that stops where the caller
+        stops, keeping its swaps in a dict instead of copying the offer) and `taken` is
+        checked as each runner comes up, so a claim costs what it tries rather than the
+        size of the pool, and a runner a concurrent claimer took meanwhile is skipped
+        instead of costing a lost check-and-set."""
+        offer = entry.offer
+        taken = self._taken.setdefault(entry.key, set())
+        taken &= offer.runner_ids  # an offer made after the claim no longer lists it
+        for group in (offer.current, offer.rest):
+            swapped: dict[int, int] = {}
+            for i in range(len(group)):
+                j = i + self.rng.randrange(len(group) - i)
+                chosen = swapped.get(j, j)
+                swapped[j] = swapped.get(i, i)
+                offered = group[chosen]
+                if offered.runner_id not in taken:
+                    yield offered
+
+    async def _try_claim(
+        self,
+        entry: PoolEntry,
+        offered: Offered,
+        inactivity: int,
+        request_id: str | None,
+        claimed_at: datetime,
+    ) -> ClaimRecord | None:
+        self._taken.setdefault(entry.key, set()).add(offered.runner_id)
+        record = ClaimRecord.new(
+            runner_id=offered.runner_id,
+            namespace=entry.namespace,
+            pool=entry.key,
+            allocation_id=offered.allocation_id,
+            now=claimed_at,
+            inactivity_timeout_seconds=inactivity,
+            request_id=request_id,
+            allocation_restarts=offered.allocation_restarts,
+            node_name=offered.node_name,
+        )
+        if offered.start is not None:
+            # The runner's start outlives it in the claim, for the demand estimate.
+            record = dataclasses.replace(record, extra=start_items(offered.start))
+        # None: another claimer (or a scale-down) won this runner.
+        return await self.store.create(record)
