@@ -34,8 +34,8 @@ def test_nobody_holding_the_lease_makes_every_identified_write_a_violation() -> 
     assert len(audit.by_non_holders()) == 1
 
 
-def test_anyone_may_purge_a_runner_it_released() -> None:
+def test_a_purge_of_a_released_runner_by_a_non_holder_is_caught_too() -> None:
     audit = audit_with_holder("host-a/1")
     audit._vars[("default", "poolkeeper/claims/py-1")] = {"Items": {"state": "released"}}
     audit.record("poolkeeper/0.1.0 (host-b/2)", "purge", "default", "py-1", RUNNER)
-    assert audit.by_non_holders() == []
+    assert [(w.writer, w.job_id) for w in audit.by_non_holders()] == [("host-b/2", "py-1")]

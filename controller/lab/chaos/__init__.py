@@ -35,8 +35,8 @@ What is checked (exactly):
 * at the end no job but the idle ones and no live claim variable is left (tombstones and
   request records are not leaks, but a request record whose claim does not exist is);
 * no runner job is registered or purged by a controller that did not hold the pool's
-  lease at that instant (the simulator's write audit, `simulator/audit.py`; purging a
-  runner its client released is allowed to anyone);
+  lease at that instant (the simulator's write audit, `simulator/audit.py`; a released
+  runner too is purged by the holder alone);
 * no HTTP 5xx other than 503 from the API, no controller exit that the driver did not
   cause, no traceback in either controller's logs.
 """

@@ -29,14 +29,12 @@ class RunnerWrite:
     job_id: str
     pool: str
     holder: str  # who held the pool's lease ("" when nobody did)
-    released: bool  # a purge of a runner whose claim is a `released` tombstone
 
     @property
     def by_non_holder(self) -> bool:
-        """A write only the lease holder may make (anyone purges a runner it released)."""
-        if not self.writer or (self.kind == "purge" and self.released):
-            return False
-        return self.writer != self.holder
+        """A write only the lease holder may make: every write of a runner job (a release
+        leaves the purge to the holder too)."""
+        return bool(self.writer) and self.writer != self.holder
 
 
 class WriteAudit:
@@ -56,8 +54,6 @@ class WriteAudit:
         holder = ""
         if lease is not None and lease.get("Lock"):
             holder = str((lease.get("Items") or {}).get("holder", ""))
-        claim = self._vars.get((namespace, f"poolkeeper/claims/{job_id}")) or {}
-        released = (claim.get("Items") or {}).get("state") == "released"
         self.writes.append(
             RunnerWrite(
                 time.time(),
@@ -67,7 +63,6 @@ class WriteAudit:
                 job_id,
                 pool,
                 holder,
-                released,
             )
         )
 
