@@ -45,14 +45,8 @@ API tokens: --api-token-file, and POOLKEEPER_API_TOKENS (one per line)."""
 
 def _controller_options(command: argparse.ArgumentParser, listen: str) -> None:
     """The options `run` and `operator` share."""
-    command.add_argument(
-        "--listen", default=listen, help=f"HOST:PORT of the HTTP API, health and metrics ({listen})"
-    )
-    command.add_argument(
-        "--resync-seconds",
-        type=float,
-        default=10.0,
-        help="a pass over every pool at least this often, events or not (10)",
+    _serving_options(
+        command, listen, "a pass over every pool at least this often, events or not (10)"
     )
     command.add_argument(
         "--lease-ttl-seconds",
@@ -61,6 +55,14 @@ def _controller_options(command: argparse.ArgumentParser, listen: str) -> None:
         help="TTL of the pools' leases in Nomad (>= 10, Nomad's minimum); a dead holder's "
         "pools are taken over within about 2 x TTL + 8 s (10)",
     )
+
+
+def _serving_options(command: argparse.ArgumentParser, listen: str, resync: str) -> None:
+    """The options of every command that serves the API (`run`, `operator`, `api`)."""
+    command.add_argument(
+        "--listen", default=listen, help=f"HOST:PORT of the HTTP API, health and metrics ({listen})"
+    )
+    command.add_argument("--resync-seconds", type=float, default=10.0, help=resync)
     command.add_argument(
         "--tls-cert", metavar="FILE", help="serve the API over HTTPS with this certificate (PEM)"
     )
@@ -139,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--no-reconcile",
         action="store_true",
-        help="serve claims only (a replica beside one reconciling process)",
+        help="serve the API only: the same as `poolkeeper api` (--pools is then not read)",
     )
     run.add_argument(
         "--prune", action="store_true", help="drain runner jobs of pools defined nowhere"
@@ -150,6 +152,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="let a reload that defines no pool remove every pool (refused otherwise)",
     )
     run.set_defaults(handler=_command("controller.standalone"))
+
+    api = commands.add_parser(
+        "api",
+        help="the API tier: serves claims, executions and the Poseidon API, reconciles nothing",
+        epilog=NOMAD_ENVIRONMENT,
+        formatter_class=keep_layout,
+    )
+    _serving_options(
+        api, "127.0.0.1:8080", "read the managed Poseidon environments at least this often (10)"
+    )
+    api.set_defaults(handler=_command("controller.api_tier"))
 
     validate = commands.add_parser(
         "validate", help="check pool files as run loads them, without Nomad"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from controller import api_tier
 from controller.core.problems import PoolProblem
 from controller.core.times import utcnow
 from controller.engine.engine import Clock
@@ -16,16 +16,13 @@ from controller.errors import UsageError
 from controller.logs import start_logging
 from controller.model import RunnerPool
 from controller.nomad.config import NomadConfig
-from controller.service import (
-    Service,
-    ServiceSettings,
-    nomad_config_from_env,
-    shared_settings,
-)
+from controller.service import Service, ServiceSettings, shared_settings
+from controller.serving import nomad_config_from_env
 from controller.sources.files import ConfigError as PoolPathError
 from controller.sources.files import load_pools
 from controller.sources.registration import removal
 from controller.sources.reload import reload, summary
+from controller.tasks import serve_until_stopped
 
 log = logging.getLogger(__name__)
 
@@ -124,20 +121,17 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     )
 
 
-async def serve(controller: Controller) -> None:
-    loop = asyncio.get_running_loop()
-    stopping = asyncio.Event()
-    loop.add_signal_handler(signal.SIGTERM, stopping.set)
-    loop.add_signal_handler(signal.SIGINT, stopping.set)
-    loop.add_signal_handler(signal.SIGHUP, controller.reload)
-    await controller.start()
-    await stopping.wait()
-    log.info("stopping; runners stay in Nomad")
-    await controller.stop()
-
-
 def main(args: argparse.Namespace) -> int:
+    if args.no_reconcile:
+        start_logging(args.log_format)
+        log.warning(
+            "--no-reconcile serves as the API tier (poolkeeper api): --pools is not read, "
+            "pools come from what their reconcilers publish in Nomad"
+        )
+        return api_tier.main(args)
     start_logging(args.log_format)
     settings = settings_from_args(args)
-    asyncio.run(serve(Controller(settings, nomad_config_from_env())))
+    controller = Controller(settings, nomad_config_from_env())
+    stopping = "stopping; runners stay in Nomad"
+    asyncio.run(serve_until_stopped(controller.start, controller.stop, controller.reload, stopping))
     return 0

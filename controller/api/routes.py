@@ -30,6 +30,7 @@ from controller.api.route import (
     runner_in_scope,
 )
 from controller.directory.view import PoolDirectory
+from controller.errors import ErrorCode, ServiceError
 from controller.metrics import Metrics
 
 METRICS_KEY: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
@@ -107,6 +108,9 @@ def pool_summaries(directory: PoolDirectory, visible: Scope = EVERY_POOL) -> lis
 
 async def list_pools(request: web.Request) -> web.Response:
     directory = request.app[DIRECTORY_KEY]
+    why = directory.available()
+    if why is not None:  # never an answer from what was read before Nomad went away
+        raise ServiceError(ErrorCode.NOMAD_UNAVAILABLE, why)
     return web.json_response({"pools": pool_summaries(directory, scope(request))})
 
 

@@ -65,6 +65,9 @@ class RunnerClaims:
         404 RunnerNotFound for an ID no known pool has."""
         if not RUNNER_ID_PATTERN.match(runner_id):
             raise ServiceError(ErrorCode.RUNNER_NOT_FOUND, f"runner {runner_id[:80]} is not known")
+        why = self.directory.available()  # its pool may be one not read yet
+        if why is not None:
+            raise unavailable(why)
         entry = self.directory.pool_for_runner(runner_id)
         if entry is None:
             raise ServiceError(ErrorCode.RUNNER_NOT_FOUND, f"runner {runner_id} is not known")
@@ -72,9 +75,6 @@ class RunnerClaims:
 
     async def _read_claim(self, runner_id: str) -> tuple[PoolEntry, ClaimRecord]:
         entry = self.pool_of_runner(runner_id)
-        why = self.directory.available()
-        if why is not None:
-            raise unavailable(why)
         try:
             record = await read_claim(self.store, runner_id, entry.namespace)
         except NomadError as error:
@@ -169,12 +169,12 @@ class RunnerClaims:
     async def pool_claims(self, namespace: str, name: str) -> list[ClaimRecord]:
         """The pool's live claims, oldest first."""
         key = f"{namespace}/{name}"
-        entry = self.directory.pools.get(key)
-        if entry is None:
-            raise ServiceError(ErrorCode.POOL_NOT_FOUND, f"pool {key} is not known")
         why = self.directory.available()
         if why is not None:
             raise unavailable(why)
+        entry = self.directory.pools.get(key)
+        if entry is None:
+            raise ServiceError(ErrorCode.POOL_NOT_FOUND, f"pool {key} is not known")
         try:
             claims, _ = await self.store.read_all(entry.namespace)
         except NomadError as error:

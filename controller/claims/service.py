@@ -98,6 +98,9 @@ class ClaimService:
         await self.request_ids.drain()
 
     def _claimable_pool(self, key: str) -> PoolEntry:
+        why = self.directory.available()  # an unknown pool may be one not read yet
+        if why is not None:
+            raise unavailable(why)
         entry = self.directory.pools.get(key)
         if entry is None or not entry.active:
             raise ServiceError(
@@ -105,9 +108,6 @@ class ClaimService:
             )
         if entry.conflict is not None:
             raise ServiceError(ErrorCode.PREFIX_CONFLICT, entry.conflict.message)
-        why = self.directory.available()
-        if why is not None:
-            raise unavailable(why)
         return entry
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timedelta
 
 from controller.claims.store import ClaimStore
+from controller.core.catalog import WaitingRecord
 from controller.core.events import EventSink, PoolEvent
 from controller.core.leases import DEFAULT_TTL_SECONDS
 from controller.core.problems import PoolProblem
@@ -21,6 +22,7 @@ from controller.core.status import PoolStatus
 from controller.core.times import utcnow
 from controller.core.views import NodeView, PoolMode
 from controller.engine.apply import Applier
+from controller.engine.catalog import CatalogPublisher
 from controller.engine.drains import Drains
 from controller.engine.leases import Leases
 from controller.engine.publish import Publisher, StatusSink
@@ -129,6 +131,9 @@ class Engine:
             clock,
             reconcile,
             self.leases,
+            CatalogPublisher(port, home_namespace, identity, clock)
+            if identity is not None and reconcile
+            else None,
         )
         self._scheduler = Scheduler(self._run_scheduled, resync_seconds=resync_seconds, clock=clock)
 
@@ -215,6 +220,10 @@ class Engine:
         until it is gone)."""
         await self._port.purge_job(runner_id, namespace)
         self.metrics.runners_destroyed.labels(pool=key, reason=state).inc()
+
+    def waiting_elsewhere(self, records: list[WaitingRecord]) -> None:
+        """The claim requests API replicas hold waiting, as their records say now."""
+        self._reconciler.waiting_elsewhere.update(records, self.clock())
 
     async def resume_drains(self) -> None:
         await self._drains.resume()

@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 
 from controller.claims.store import ClaimStore
 from controller.core import breaker as breakers
+from controller.core.catalog import WaitingTally
 from controller.core.classify import classify
 from controller.core.demand import pass_target
 from controller.core.events import EventSink, breaker_closed, breaker_opened, spec_differs
@@ -34,6 +35,7 @@ from controller.core.views import (
     placement_failure,
 )
 from controller.engine.apply import Applier
+from controller.engine.catalog import CatalogPublisher
 from controller.engine.drains import Drains
 from controller.engine.leases import Leases
 from controller.engine.observe import NamespaceObservation, ViewCache, observe_namespace
@@ -87,6 +89,10 @@ class Reconciler:
     clock: Callable[[], datetime]
     reconcile: bool  # False: a claims-only replica observes, never acts
     leases: Leases | None  # None: this process writes every pool it reconciles
+    # Publishes what the API tier needs of the pools this process writes (None: nothing).
+    catalog: CatalogPublisher | None = None
+    # The claim requests API replicas hold waiting (their waiting records).
+    waiting_elsewhere: WaitingTally = field(default_factory=WaitingTally)
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict, init=False)
     _views: dict[str, ViewCache] = field(default_factory=dict, init=False)
     _splits: dict[str, _Split] = field(default_factory=dict, init=False)
@@ -146,8 +152,11 @@ class Reconciler:
         for managed in self.registry.in_namespace(namespace):
             if managed.conflict is not None:
                 await self.publisher.publish(managed, [], now)
-        for key in await self.drains.finish(acting):
+        finished = await self.drains.finish(acting)
+        for key in finished:
             self.publisher.forget(key)
+        if self.catalog is not None:
+            await self._publish_catalog(acting, finished)
         if self.reconcile:
             await self._collect_requests(namespace, observed, now)
         return PassResult(
@@ -178,6 +187,13 @@ class Reconciler:
         held = {m.key: self.leases.holds(m.key) for m in pools}
         self.metrics.set_lease_held(held)
         return [m for m in pools if held[m.key]]
+
+    async def _publish_catalog(self, acting: list[ManagedPool], finished: list[str]) -> None:
+        assert self.catalog is not None
+        defined = {m.key for m in self.registry}
+        await self.catalog.publish([m for m in acting if m.key in defined], self.nodes)
+        await self.catalog.withdraw([*finished, *(self.catalog.published() - defined)])
+        await self.catalog.collect_stale(defined)
 
     def _note_lease(self, managed: ManagedPool, lease: LeaseState) -> None:
         """Keep the pool's lease state for its status; warn once per change when the
@@ -253,9 +269,9 @@ class Reconciler:
             observation,
             runners,
             managed.pacing,
-            tuple(managed.waiting.arrivals),
+            (*managed.waiting.arrivals, *self.waiting_elsewhere.arrivals.get(managed.key, ())),
             now,
-            managed.waiting.take_abandoned(),
+            managed.waiting.take_abandoned() + self.waiting_elsewhere.take_abandoned(managed.key),
         )
         self._observed.pop(managed.key, asyncio.Event()).set()
         if not acting:  # observes, never writes: a claims-only replica, or not the holder

@@ -266,7 +266,7 @@ class NomadClient:
     async def list_jobs(self, namespace: str) -> list[dict[str, Any]]:
         """The namespace's job stubs with Meta (`meta=true`); consistent read."""
         params = {"namespace": namespace, "meta": "true"}
-        return await self._list("/v1/jobs", "/v1/jobs", params)
+        return (await self._list("/v1/jobs", "/v1/jobs", params))[0]
 
     async def job_evaluations(self, job_id: str, namespace: str) -> list[dict[str, Any]]:
         """A job's evaluations (why a runner was not placed); [] for an unknown job."""
@@ -278,7 +278,7 @@ class NomadClient:
     async def list_allocations(self, namespace: str) -> list[dict[str, Any]]:
         """The namespace's allocation stubs with task states; consistent read."""
         params = {"namespace": namespace, "task_states": "true"}
-        return await self._list("/v1/allocations", "/v1/allocations", params)
+        return (await self._list("/v1/allocations", "/v1/allocations", params))[0]
 
     async def read_allocation(self, allocation_id: str, namespace: str) -> dict[str, Any] | None:
         """One allocation with its task states and events, or None when it is gone."""
@@ -291,7 +291,7 @@ class NomadClient:
 
     async def list_nodes(self) -> list[dict[str, Any]]:
         """The client nodes' stubs (drain and eligibility); consistent read."""
-        return await self._list("/v1/nodes", "/v1/nodes", {})
+        return (await self._list("/v1/nodes", "/v1/nodes", {}))[0]
 
     async def read_node(self, node_id: str) -> dict[str, Any] | None:
         """One node with its drain strategy (the deadline), or None when it is gone."""
@@ -328,7 +328,22 @@ class NomadClient:
     async def list_variables(self, prefix: str, namespace: str) -> list[dict[str, Any]]:
         """Variable metadata (no Items) under `prefix`; consistent read."""
         params = {"namespace": namespace, "prefix": prefix or None}
-        return await self._list("/v1/vars", "/v1/vars", params)
+        return (await self._list("/v1/vars", "/v1/vars", params))[0]
+
+    async def wait_variables(
+        self, prefix: str, namespace: str, index: int, wait_seconds: float
+    ) -> tuple[list[dict[str, Any]], int]:
+        """A blocking list: returns once the variables table's index passes `index` (any
+        variable's change, in any path), or after `wait_seconds`; the metadata under
+        `prefix` and the index to wait from next."""
+        params = {
+            "namespace": namespace,
+            "prefix": prefix or None,
+            "index": str(index),
+            "wait": f"{wait_seconds:g}s",
+        }
+        items, seen = await self._list("/v1/vars", "/v1/vars", params)
+        return items, seen if seen is not None else index
 
     async def wait_variable(
         self, path: str, namespace: str, index: int, wait_seconds: float
@@ -354,12 +369,14 @@ class NomadClient:
         return dict(outcome.body)
 
     async def put_variable(
-        self, path: str, items: dict[str, str], namespace: str, *, cas: int
+        self, path: str, items: dict[str, str], namespace: str, *, cas: int | None
     ) -> dict[str, Any]:
-        """Check-and-set write (`cas=0`: must not exist). Returns the stored variable with
-        its new ModifyIndex; a lost check raises NomadConflict with `.current`."""
+        """Check-and-set write (`cas=0`: must not exist; None: a plain write, whatever is
+        there). Returns the stored variable with its new ModifyIndex; a lost check raises
+        NomadConflict with `.current`."""
         body = {"Namespace": namespace, "Path": path, "Items": items}
-        return await self._write_variable(path, {"namespace": namespace, "cas": str(cas)}, body)
+        params = {"namespace": namespace, "cas": None if cas is None else str(cas)}
+        return await self._write_variable(path, params, body)
 
     async def acquire_lock(
         self, path: str, items: dict[str, str], namespace: str, terms: LockTerms
@@ -405,7 +422,7 @@ class NomadClient:
         return await self._write_variable(path, {"namespace": namespace}, body)
 
     async def _write_variable(
-        self, path: str, params: dict[str, str], body: dict[str, Any]
+        self, path: str, params: Mapping[str, str | None], body: dict[str, Any]
     ) -> dict[str, Any]:
         outcome = await self._call(
             "PUT", "/v1/var/:path", f"/v1/var/{path}", params, json=body,
@@ -460,19 +477,24 @@ class NomadClient:
 
     async def _list(
         self, template: str, path: str, params: Mapping[str, str | None]
-    ) -> list[dict[str, Any]]:
+    ) -> tuple[list[dict[str, Any]], int | None]:
+        """Every page, and the index of the first (a blocking list blocks on it only)."""
         items: list[dict[str, Any]] = []
         next_token: str | None = None
+        index: int | None = None
         while True:
             page_params = dict(params)
             if next_token:
                 page_params["next_token"] = next_token
+                page_params.pop("index", None)
+                page_params.pop("wait", None)
             # Each page is retried on its own, so a blip on page 5 does not restart the list.
             outcome = await self._call("GET", template, path, page_params)
             items.extend(outcome.body or [])
+            index = outcome.index if index is None else index
             next_token = outcome.next_token
             if not next_token:
-                return items
+                return items, index
 
     async def _call(
         self,

@@ -38,12 +38,20 @@ class Variables(Protocol):
     async def read_variable(self, path: str, namespace: str) -> dict[str, Any] | None: ...
 
     async def put_variable(
-        self, path: str, items: dict[str, str], namespace: str, *, cas: int
+        self, path: str, items: dict[str, str], namespace: str, *, cas: int | None
     ) -> dict[str, Any]: ...
 
     async def delete_variable(
         self, path: str, namespace: str, *, cas: int | None = None
     ) -> None: ...
+
+
+class VariableLists(Variables, Protocol):
+    """Variables, and blocking lists of them (following the catalog)."""
+
+    async def wait_variables(
+        self, prefix: str, namespace: str, index: int, wait_seconds: float
+    ) -> tuple[list[dict[str, Any]], int]: ...
 
 
 class VariableWatch(Protocol):

@@ -34,7 +34,7 @@ from controller.operator.options import (
     options_from_args,
     quiet_handler_successes,
 )
-from controller.service import nomad_config_from_env
+from controller.serving import nomad_config_from_env
 
 log = logging.getLogger(__name__)
 

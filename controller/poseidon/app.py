@@ -27,6 +27,7 @@ from controller.nomad.errors import NomadError
 from controller.poseidon import executions, files
 from controller.poseidon.context import (
     NO_ENVIRONMENT,
+    NO_IDLE_RUNNER,
     POSEIDON_KEY,
     PREFIX,
     Poseidon,
@@ -188,8 +189,18 @@ async def delete_environment(request: web.Request) -> web.Response:
 async def claim_runner(request: web.Request) -> web.Response:
     body = await read_struct(request, RUNNER_REQUEST)
     env_id, timeout = body["executionEnvironmentId"], body["inactivityTimeout"]
-    view = poseidon(request).serving(scope(request)).get(env_id)
+    context = poseidon(request)
+    view = context.serving(scope(request)).get(env_id)
     if view is None:
+        store = context.store
+        if (
+            store is not None
+            and store.serves(env_id)
+            and scope(request).allows(store.template.key(env_id))
+        ):
+            # Written, not yet run by its reconciler: none available, as Poseidon answers
+            # for an environment whose runners are still starting.
+            raise PoseidonError(500, NO_IDLE_RUNNER, ErrorCode.NOMAD_OVERLOAD)
         raise PoseidonError(404, NO_ENVIRONMENT)
     limit = longest_inactivity(view)
     if timeout < 0:
@@ -199,9 +210,11 @@ async def claim_runner(request: web.Request) -> web.Response:
             f"inactivityTimeout {timeout} exceeds the maximum of execution environment "
             f"{env_id} ({limit} s)"
         )
+    if not view.observed:  # registered, not read from Nomad yet: none of its runners ran
+        raise PoseidonError(500, NO_IDLE_RUNNER, ErrorCode.NOMAD_OVERLOAD)
     namespace, name = view.key.split("/", 1)
     try:
-        claimed = await poseidon(request).claims.claim(
+        claimed = await context.claims.claim(
             namespace, name, ClaimRequest(inactivity_timeout_seconds=timeout or limit)
         )
     except ServiceError as error:

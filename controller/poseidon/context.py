@@ -63,6 +63,11 @@ class Poseidon:
     files: FileOperations
 
     def serving(self, visible: Scope = EVERY_POOL) -> dict[int, PoolEntry]:
+        """Environment ID -> its pool; NomadUnavailable rather than what was read before
+        Nomad went away."""
+        why = self.directory.available()
+        if why is not None:
+            raise ServiceError(ServiceCode.NOMAD_UNAVAILABLE, why)
         managed = self.store.keys if self.store is not None else frozenset()
         return environment_pools(self.directory, managed, visible)
 

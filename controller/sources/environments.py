@@ -343,6 +343,12 @@ class EnvironmentStore:
         """The keys of the pools that run for managed environments."""
         return frozenset(s.pool.key for s in self._stored.values() if s.pool is not None)
 
+    def serves(self, env_id: int) -> bool:
+        """Whether the environment is stored with a valid pool (served once its pool
+        runs)."""
+        stored = self._stored.get(env_id)
+        return stored is not None and stored.pool is not None
+
     # ---- reading ---------------------------------------------------------------------
 
     async def refresh(self) -> None:

@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 import yaml
 
+from controller.api_tier import ApiTier
 from controller.core.runner_ids import META_POOL
 from controller.core.times import utcnow
 from controller.core.views import RunnerState
@@ -19,6 +20,7 @@ from controller.lab.invariants import NomadJob, PoolSnapshot, check_invariants
 from controller.lab.simulator import SimServer, Simulator, start_sim
 from controller.nomad.config import NomadConfig
 from controller.poseidon.context import PoseidonSettings
+from controller.serving import ServingSettings
 from controller.standalone import Controller, Settings
 from tests.integration.fake_http import Loopback
 from tests.support.waiting import wait_until
@@ -64,6 +66,7 @@ class Harness:
         self.server = server
         self.tmp_path = tmp_path
         self.controllers: list[Controller] = []
+        self.tiers: list[ApiTier] = []
         self.http: aiohttp.ClientSession | None = None
 
     async def start(
@@ -99,13 +102,36 @@ class Harness:
         self.controllers.append(controller)
         return controller
 
+    async def start_api_tier(
+        self,
+        *,
+        poseidon: PoseidonSettings | None = None,
+        resync_seconds: float = 1.0,
+        nomad: NomadConfig | None = None,
+    ) -> ApiTier:
+        """An API replica (`poolkeeper api`) on this simulator, once it is ready."""
+        tokens = self.tmp_path / "tokens"
+        if not tokens.exists():
+            tokens.write_text(TOKEN + "\n")
+        settings = ServingSettings(
+            listen=("127.0.0.1", 0),
+            resync_seconds=resync_seconds,
+            token_file=tokens,
+            poseidon=poseidon or PoseidonSettings(),
+        )
+        tier = ApiTier(settings, nomad or NomadConfig.from_env({"NOMAD_ADDR": self.server.url}))
+        await tier.start()
+        self.tiers.append(tier)
+        await wait_until(lambda: not tier.unready(), what="the API tier to read the catalog")
+        return tier
+
     async def stop(self, controller: Controller) -> None:
         self.controllers.remove(controller)
         await controller.stop()
 
     async def api(
         self,
-        controller: Controller,
+        controller: Controller | ApiTier,
         method: str,
         path: str,
         body: Any = None,
@@ -165,6 +191,8 @@ class Harness:
             raise AssertionError(f"pools did not settle: {last}") from None
 
     async def close(self) -> None:
+        for tier in self.tiers:
+            await tier.stop()
         for controller in list(self.controllers):
             await self.stop(controller)
         if self.http is not None:

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from rich.console import Console
 
-from controller import service, status_command
+from controller import service, serving, status_command
 from controller.api.auth import Scope, TokenFileError, parse_token_lines
 from controller.errors import UsageError
 from controller.nomad.config import NomadConfig
@@ -108,7 +108,7 @@ async def test_a_token_acts_only_on_the_pools_of_its_scope(
 async def test_a_rotated_token_file_is_read_again_without_a_signal(
     harness: Harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(service.FileWatch, "POLL_SECONDS", 0.1)
+    monkeypatch.setattr(serving.FileWatch, "POLL_SECONDS", 0.1)
     controller = await harness.start(write_pools(tmp_path / "p.yaml", pool_doc("py", idle=1)))
     (tmp_path / "tokens").write_text("rotated-token\n")  # as a Secret mount is updated
 
@@ -124,7 +124,7 @@ async def test_a_rotated_token_file_is_read_again_without_a_signal(
 async def test_the_api_over_https_with_a_certificate_read_again_on_change(
     harness: Harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(service.FileWatch, "POLL_SECONDS", 0.1)
+    monkeypatch.setattr(serving.FileWatch, "POLL_SECONDS", 0.1)
     cert, key = self_signed(tmp_path)
     settings = Settings(
         pools_path=write_pools(tmp_path / "p.yaml", pool_doc("py", idle=1)),
@@ -220,7 +220,7 @@ def test_status_watch_keeps_watching_through_errors(monkeypatch: pytest.MonkeyPa
 
 def test_tls_flags_go_together() -> None:
     with pytest.raises(UsageError, match="together"):
-        service.tls_files("cert.pem", None)
+        serving.tls_files("cert.pem", None)
 
 
 @pytest.mark.parametrize("ttl", [0.5, 9.9])

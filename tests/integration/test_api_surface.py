@@ -64,7 +64,7 @@ async def test_openapi_document_matches_the_routes(harness: Harness, tmp_path):
     status, served = await harness.api(controller, "GET", "/openapi.json", token=None)
     assert (status, served) == (200, document())
     app_routes = set()
-    for resource in controller._runner.app.router.resources():  # type: ignore[union-attr]
+    for resource in controller.api._runner.app.router.resources():  # type: ignore[union-attr]
         path = re.sub(r"\{runner_id\}", "{runnerId}", resource.canonical)
         for route in resource:
             if route.method != "HEAD":

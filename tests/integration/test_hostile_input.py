@@ -24,7 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import controller.api.bodies as common
-import controller.service as service
+import controller.serving as serving
 from controller.api.app import MAX_BODY_BYTES
 from controller.lab.simulator import Simulator
 from controller.standalone import Controller
@@ -427,7 +427,7 @@ async def _dribble(host: str, port: int, prefix: bytes, data: bytes, interval: f
 
 @pytest.fixture
 def short_http_timeout(monkeypatch: pytest.MonkeyPatch) -> float:
-    monkeypatch.setattr(service, "HTTP_IDLE_TIMEOUT_SECONDS", 1.5)
+    monkeypatch.setattr(serving, "HTTP_IDLE_TIMEOUT_SECONDS", 1.5)
     monkeypatch.setattr(common, "BODY_READ_TIMEOUT_SECONDS", 1.5)
     return 1.5
 

@@ -127,3 +127,29 @@ async def test_a_crashed_holder_is_taken_over_within_the_takeover_time(
     # Nomad frees the lock 2 x TTL after the last renewal, then keeps it for the delay.
     assert 2 * 10 - 10 / 3 <= elapsed <= takeover_seconds(10) + 1, elapsed
     await harness.settled(second)
+
+
+async def test_a_release_through_a_process_that_does_not_hold_the_pool_leaves_the_purge(
+    harness: Harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pools = write_pools(tmp_path / "a.yaml", pool_doc("py", idle=2))
+    holder = await start_as(harness, pools, "host-a/1", monkeypatch)
+    await harness.settled(holder)
+    other = await start_as(harness, pools, "host-b/2", monkeypatch)
+    await wait_until(lambda: other.engine.pools[KEY].observed, what="the other to observe")
+    status, claim = await harness.api(other, "POST", "/v1/pools/default/py/claims", {})
+    assert status == 201, claim
+    released = time.monotonic()
+    assert (await harness.api(other, "DELETE", f"/v1/runners/{claim['runnerId']}"))[0] == 204
+
+    def purged() -> bool:
+        return harness.sim.get_job(claim["runnerId"]) is None
+
+    await wait_until(purged, within=5.0, what="the holder to purge the released runner")
+    refill = time.monotonic() - released
+    # Only the lease holder wrote the pool's jobs: the releasing process purged nothing.
+    assert harness.sim.audit.by_non_holders() == []
+    purges = [w for w in harness.sim.audit.writes if w.kind == "purge"]
+    assert [(w.writer, w.job_id) for w in purges] == [("host-a/1", claim["runnerId"])]
+    await harness.settled(holder)
+    print(f"released runner purged by the holder {refill:.3f} s after the release")

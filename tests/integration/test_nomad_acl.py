@@ -1,5 +1,6 @@
-"""The controller on a Nomad with ACLs, with a token of exactly examples/nomad-policy.hcl:
-everything works; without one capability, the log names what is missing."""
+"""The controller on a Nomad with ACLs, with a token of exactly examples/nomad-policy.hcl,
+and the API tier with one of exactly examples/nomad-policy-api.hcl: everything works;
+without one capability, the log names what is missing."""
 
 from __future__ import annotations
 
@@ -7,13 +8,17 @@ import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
+from controller.api_tier import ApiTier
 from controller.claims.service import ClaimRequest
 from controller.lab.simulator import SimServer, Simulator, start_sim
+from controller.metrics import Metrics
 from controller.nomad.config import NomadConfig
 from controller.nomad.errors import NomadError
 from controller.poseidon.context import EnvironmentMode, PoseidonSettings
+from controller.serving import ServingSettings
 from controller.sources.environments import Environment
 from controller.standalone import Controller, Settings
 from tests.support.documents import pool_doc
@@ -21,22 +26,45 @@ from tests.support.waiting import wait_until
 
 from .conftest import write_pools
 
-POLICY = Path(__file__).resolve().parents[2] / "examples" / "nomad-policy.hcl"
+ENVIRONMENT = {
+    "id": 11,
+    "image": "python:3.12-slim",
+    "prewarmingPoolSize": 1,
+    "cpuLimit": 20,
+    "memoryLimit": 256,
+    "networkAccess": False,
+    "exposedPorts": None,
+}
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+POLICY = EXAMPLES / "nomad-policy.hcl"
+API_POLICY = EXAMPLES / "nomad-policy-api.hcl"
 
 
 @pytest.fixture
 async def acl_server() -> AsyncIterator[tuple[Simulator, SimServer]]:
-    sim = Simulator(seed=3, start_delay=0.05, acl_enabled=True)
+    sim = Simulator(seed=3, start_delay=0.05, acl_enabled=True, exec_mode="local")
     server = await start_sim(sim, host="127.0.0.1", port=0)
     yield sim, server
     await server.stop()
 
 
-def token_with(sim: Simulator, rules: str) -> str:
-    sim.bootstrap()
-    sim.put_policy("poolkeeper", {"Name": "poolkeeper", "Rules": rules})
-    token = sim.create_token({"Name": "poolkeeper", "Type": "client", "Policies": ["poolkeeper"]})
+def token_with(sim: Simulator, rules: str, name: str = "poolkeeper") -> str:
+    if not sim.acl.bootstrapped:
+        sim.bootstrap()
+    sim.put_policy(name, {"Name": name, "Rules": rules})
+    token = sim.create_token({"Name": name, "Type": "client", "Policies": [name]})
     return str(token["SecretID"])
+
+
+def refused(metrics: Metrics) -> list[str]:
+    """The Nomad requests answered 403, by endpoint."""
+    return [
+        sample.labels["endpoint"]
+        for family in metrics.registry.collect()
+        if family.name == "poolkeeper_nomad_requests"
+        for sample in family.samples
+        if sample.labels.get("code") == "403" and sample.value
+    ]
 
 
 async def controller_with(
@@ -135,4 +163,57 @@ async def test_a_token_lacking_a_capability_is_named_in_the_log(
             await wait_until(named, what="the missing capability to be named")
         assert sim.job_list("*") == []
     finally:
+        await controller.stop()
+
+
+async def test_the_api_tier_works_with_a_token_of_exactly_its_policy(
+    acl_server: tuple[Simulator, SimServer], tmp_path: Path
+) -> None:
+    sim, server = acl_server
+    managed = PoseidonSettings(enabled=True, environments=EnvironmentMode.MANAGED)
+    controller = await controller_with(
+        server, token_with(sim, POLICY.read_text()), tmp_path, managed
+    )
+    api_token = token_with(sim, API_POLICY.read_text(), "poolkeeper-api")
+    nomad = NomadConfig.from_env({"NOMAD_ADDR": server.url, "NOMAD_TOKEN": api_token})
+    tier = ApiTier(
+        ServingSettings(listen=("127.0.0.1", 0), insecure_no_auth=True, poseidon=managed), nomad
+    )
+    await tier.start()
+    try:
+        await wait_until(lambda: not tier.unready(), what="the API tier to read the catalog")
+        await wait_until(
+            lambda: bool((entry := tier.directory.pools.get("default/py")) and entry.offer),
+            what="runners offered",
+        )
+        async with aiohttp.ClientSession(tier.url) as http:
+            async with http.post("/v1/pools/default/py/claims", json={"requestId": "r1"}) as r:
+                assert r.status == 201, await r.text()
+                runner = (await r.json())["runnerId"]
+            async with http.post(f"/v1/runners/{runner}/keepalive") as r:
+                assert r.status == 200, await r.text()
+            async with http.post(
+                f"/v1/runners/{runner}/executions", json={"command": "echo ok", "wait": True}
+            ) as r:
+                assert (r.status, (await r.json())["stdout"]) == (200, "ok\n")
+            async with http.get("/v1/pools/default/py/claims") as r:
+                assert r.status == 200
+            async with http.put("/api/v1/execution-environments/11", json=ENVIRONMENT) as r:
+                assert r.status == 201, await r.text()
+            async with http.delete(f"/v1/runners/{runner}") as r:
+                assert r.status == 204
+
+        def purged() -> bool:
+            return sim.get_job(runner) is None
+
+        await wait_until(purged, what="the reconciler to purge the released runner")
+        await wait_until(
+            lambda: "poseidon/environment-11" in controller.engine.pools,
+            what="the reconciler to take the environment",
+        )
+        await tier.stop()  # deletes its waiting record, writes its last ring
+        assert refused(tier.metrics) == []
+        assert refused(controller.metrics) == []
+    finally:
+        await tier.stop()
         await controller.stop()

@@ -15,6 +15,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from controller.api_tier import ApiTier
+from controller.core.catalog import CATALOG_PREFIX
 from controller.core.runner_ids import META_POOL
 from controller.lab.simulator import SimServer
 from controller.poseidon.context import EnvironmentMode, PoseidonSettings
@@ -76,10 +78,16 @@ class CodeOcean:
     """Requests as CodeOcean's Poseidon strategy sends them: a JSON body, the
     `Content-Type: application/json` and `Poseidon-Token` headers on every request."""
 
-    def __init__(self, http: aiohttp.ClientSession, controller: Controller) -> None:
+    def __init__(self, http: aiohttp.ClientSession, server: Controller | ApiTier) -> None:
         self.http = http
-        self.controller = controller
-        self.base = controller.url + "/api/v1"
+        self.server = server
+        self.base = server.url + "/api/v1"
+
+    @property
+    def controller(self) -> Controller:
+        """The reconciling controller it talks to (not an API replica)."""
+        assert isinstance(self.server, Controller)
+        return self.server
 
     async def call(
         self,
@@ -142,6 +150,16 @@ async def after_passes(
         return await outcome if inspect.isawaitable(outcome) else outcome
 
     await wait_until(passed, what=what)
+
+
+def client_records(harness: Harness) -> dict[str, Any]:
+    """The variables clients' requests write (claims, request records, environments); not
+    what the reconciler publishes on its own passes (the catalog)."""
+    return {
+        path: variable
+        for path, variable in harness.sim.variables("default").items()
+        if not path.startswith(CATALOG_PREFIX)
+    }
 
 
 def still_claimed(harness: Harness, runner_id: str) -> bool:
@@ -327,7 +345,7 @@ async def test_the_token_guards_every_route_but_health_and_version(
     controller = await start(harness, tmp_path, environment_pool("python", 10))
     codeocean = CodeOcean(http, controller)
     runner_id = (await codeocean.claim(10)).json()["runnerId"]
-    before = harness.sim.variables("default")
+    before = client_records(harness)
     routes = [
         ("GET", "/statistics/execution-environments", None),
         ("GET", "/execution-environments", None),
@@ -347,7 +365,7 @@ async def test_the_token_guards_every_route_but_health_and_version(
         headers={"Authorization": f"Bearer {TOKEN}"},
     ) as response:
         assert response.status == 401
-    assert harness.sim.variables("default") == before
+    assert client_records(harness) == before
     for path in ("/health", "/version"):
         assert (await codeocean.call("GET", path, token="wrong-token")).status in (200, 204)
 
@@ -370,7 +388,7 @@ async def test_a_scoped_token_sees_only_its_environments(
     controller = await start_with_a_java_token(harness, tmp_path)
     codeocean = CodeOcean(http, controller)
     python_runner = (await codeocean.claim(10)).json()["runnerId"]
-    before = harness.sim.variables("default")
+    before = client_records(harness)
 
     listing = await codeocean.call("GET", "/execution-environments", token="java-token")
     assert [e["id"] for e in listing.json()["executionEnvironments"]] == [20]
@@ -385,7 +403,7 @@ async def test_a_scoped_token_sees_only_its_environments(
     assert sync.status == 409 and sync.json()["message"].startswith("no pool serves")
     delete = await codeocean.call("DELETE", "/execution-environments/10", token="java-token")
     assert (delete.status, delete.body) == (404, b"")
-    assert harness.sim.variables("default") == before  # the runner is still claimed
+    assert client_records(harness) == before  # the runner is still claimed
 
     java = await codeocean.claim(20, token="java-token")
     assert java.status == 200
@@ -452,10 +470,10 @@ async def test_bad_input_is_answered_as_poseidon_answers_it(
     status: int, body: bytes,
 ) -> None:  # fmt: skip
     controller = await start(harness, tmp_path, environment_pool("python", 10))
-    before = harness.sim.variables("default"), await harness.jobs(controller)
+    before = client_records(harness), await harness.jobs(controller)
     answer = await CodeOcean(http, controller).call(method, path, raw=raw)
     assert (answer.status, answer.body) == (status, body)
-    assert (harness.sim.variables("default"), await harness.jobs(controller)) == before
+    assert (client_records(harness), await harness.jobs(controller)) == before
 
 
 async def test_health_reports_a_depleting_prewarming_pool(
@@ -663,30 +681,46 @@ async def test_a_variable_edited_into_nonsense_keeps_the_last_valid_pool(
     assert len(images(harness, "environment-11-")) == 2
 
 
-async def test_managed_environments_reach_every_replica(
+async def test_managed_environments_written_through_the_api_tier(
     harness: Harness, tmp_path: Path, http
 ) -> None:
-    writer = await start(harness, tmp_path, poseidon=MANAGED)
-    reader = await harness.start(tmp_path / "pools.yaml", poseidon=MANAGED, reconcile=False)
-    assert (await CodeOcean(http, writer).call(
-        "PUT", "/execution-environments/11", synced(11)
-    )).status == 201  # fmt: skip
-    await harness.settled(writer)
-    replica = CodeOcean(http, reader)
+    reconciler = await start(harness, tmp_path, poseidon=MANAGED, resync_seconds=30.0)
+    tier = await harness.start_api_tier(poseidon=MANAGED)
+    codeocean = CodeOcean(http, tier)
+    assert (await codeocean.call("PUT", "/execution-environments/11", synced(11))).status == 201
+    # At once, before any runner of it ran: none available, as Poseidon answers, never a
+    # Nomad failure (the replica knows the environment it just wrote).
+    first = await codeocean.claim(11)
+    assert first.status == 200 or (first.status, first.json()["errorCode"]) == (
+        500,
+        "NOMAD_OVERLOAD",
+    ), first.body
 
     async def served() -> bool:
-        stats = await replica.statistics()
-        return "11" in stats and stats["11"]["idleRunners"] == 2
+        stats = await codeocean.statistics()
+        return "11" in stats and stats["11"]["idleRunners"] >= 1
 
-    await after_passes(reader, served, "the other replica to read the environment")
-    assert (await replica.claim(11)).status == 200
-    assert (await replica.call("DELETE", "/execution-environments/11")).status == 204
+    # The reconciler's resync is 30 s away: the doorbell made it read the environment.
+    await wait_until(served, within=10.0, what="the reconciler to run the environment's pool")
+    assert (await codeocean.claim(11)).status == 200
+    assert (await codeocean.call("DELETE", "/execution-environments/11")).status == 204
 
     async def drained() -> bool:
-        answer = await CodeOcean(http, writer).call("GET", "/execution-environments/11")
+        answer = await CodeOcean(http, reconciler).call("GET", "/execution-environments/11")
         return answer.status == 404
 
-    await wait_until(drained, what="the writer to learn of the deletion")
+    await wait_until(drained, within=10.0, what="the reconciler to learn of the deletion")
+
+
+async def test_a_runner_asked_for_right_after_a_managed_put_is_none_available(
+    harness: Harness, tmp_path: Path, http
+) -> None:
+    harness.sim.set_start_delay(5.0)  # nothing of the new pool runs for a while
+    controller = await start(harness, tmp_path, poseidon=MANAGED)
+    codeocean = CodeOcean(http, controller)
+    assert (await codeocean.call("PUT", "/execution-environments/12", synced(12))).status == 201
+    answer = await codeocean.claim(12)
+    assert (answer.status, answer.json()["errorCode"]) == (500, "NOMAD_OVERLOAD"), answer.body
 
 
 @pytest.mark.slow

@@ -127,11 +127,11 @@ class Nomad:
         self.purge(job_id)
 
     async def put_variable(
-        self, path: str, items: dict[str, str], namespace: str, *, cas: int
+        self, path: str, items: dict[str, str], namespace: str, *, cas: int | None
     ) -> dict[str, Any]:
         runner_id = path.rpartition("/")[2]
         current = self.vars.get(runner_id)
-        if (current.modify_index if current else 0) != cas:
+        if cas is not None and (current.modify_index if current else 0) != cas:
             raise NomadConflict("cas conflict", status=409)
         variable = {
             "Namespace": namespace,

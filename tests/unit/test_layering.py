@@ -7,6 +7,9 @@
 - only controller/operator imports kopf;
 - the engine and the claim protocol know nothing of the front doors (api, poseidon,
   operator, sources, service, standalone);
+- the claim path (claims, executions, the pool directory, the API and the Poseidon API,
+  what serves them) reads pools through the directory, never the engine; and the API tier
+  (`poolkeeper api`) does not even load an engine module, transitively;
 - the Poseidon API (controller/poseidon) is thin over the engine, the claims and the pool
   sources: it reaches Nomad only through them (of controller.nomad it may name only the
   errors), and of the other front doors it uses only the API tokens (controller.api.auth);
@@ -33,6 +36,18 @@ FRONT_DOORS = (
     "controller.service",
     "controller.standalone",
     "controller.cli",
+)
+
+
+# Packages of the claim path: they read pools through controller.directory only.
+CLAIM_PATH = (
+    "controller.claims",
+    "controller.directory",
+    "controller.executions",
+    "controller.api",
+    "controller.poseidon",
+    "controller.serving",
+    "controller.api_tier",
 )
 
 
@@ -77,6 +92,8 @@ def violations(package_root: Path) -> list[str]:
                 imported, *FRONT_DOORS
             ):
                 found.append(f"{module} imports a front door: {imported}")
+            if within(module, *CLAIM_PATH) and within(imported, "controller.engine"):
+                found.append(f"{module} (claim path) imports the engine: {imported}")
             found += poseidon_violations(module, imported)
     return found
 
@@ -102,6 +119,49 @@ def poseidon_violations(module: str, imported: str) -> list[str]:
 
 def test_the_layering_holds() -> None:
     assert violations(PACKAGE) == []
+
+
+def loaded(package_root: Path, module: str) -> set[str]:
+    """Every controller module importing `module` loads, transitively (the packages along
+    the way and the submodules `from package import module` names included)."""
+    files = {module_name(p, package_root): p for p in package_root.rglob("*.py")}
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        parts = todo.pop().split(".")
+        for i in range(2, len(parts) + 1):
+            prefix = ".".join(parts[:i])
+            if prefix in files and prefix not in seen:
+                seen.add(prefix)
+                todo += [m for m in submodules(files[prefix]) if m.startswith("controller.")]
+    return seen
+
+
+def submodules(path: Path) -> list[str]:
+    """What a module imports, with `from X import Y` also as X.Y (Y may be a module)."""
+    names = imports(path)
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names += [f"{node.module}.{alias.name}" for alias in node.names]
+    return names
+
+
+def test_the_api_tier_loads_no_engine_and_no_operator() -> None:
+    modules = loaded(PACKAGE, "controller.api_tier")
+    assert "controller.claims.service" in modules  # the closure is really followed
+    assert [m for m in modules if within(m, "controller.engine", "controller.operator")] == []
+
+
+def test_the_closure_follows_imports(tmp_path: Path) -> None:
+    root = tmp_path / "controller"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "__init__.py").write_text("")
+    (root / "a" / "top.py").write_text("from controller.b import mid\n")
+    (root / "b").mkdir()
+    (root / "b" / "mid.py").write_text("import controller.engine.deep\n")
+    (root / "engine").mkdir()
+    (root / "engine" / "deep.py").write_text("import os\n")
+    assert "controller.engine.deep" in loaded(root, "controller.a.top")
 
 
 @pytest.mark.parametrize(
@@ -155,6 +215,11 @@ def test_the_layering_holds() -> None:
             "import controller.poseidon.app\n",
             "controller.api.bad (the poolkeeper API) imports the Poseidon API: "
             "controller.poseidon.app",
+        ),
+        (
+            "claims/bad.py",
+            "from controller.engine.engine import Engine\n",
+            "controller.claims.bad (claim path) imports the engine: controller.engine.engine",
         ),
     ],
 )

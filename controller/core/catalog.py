@@ -1,0 +1,268 @@
+"""What reconcilers and API replicas tell each other, as Nomad variables in the
+controller's own Nomad namespace (the home namespace both sides share). Pure: the
+records and their items; the I/O is in engine/catalog.py and directory/.
+
+- `poolkeeper/catalog/<namespace>~<name>`: a pool as its lease holder publishes it for
+  the API tier: its spec (without `jobTemplate`, which only the reconciler renders), its
+  status, the runners it offers to claims (at most OFFER_LIMIT, current ones first) and
+  the draining nodes they run on. Written when any of that changes, and at least every
+  REPUBLISH_SECONDS; deleted when the pool goes; a record nobody has published for
+  STALE_SECONDS is deleted by any reconciler (its pool is reconciled nowhere).
+- `poolkeeper/waiting/<replica>`: the claim requests an API replica holds waiting, per
+  pool (the demand estimate counts them); it carries its own expiry, refreshed while the
+  replica lives, so a dead replica's requests stop counting.
+- `poolkeeper/doorbell`: rung (written) by an API replica when claims changed (runners
+  taken or ended, requests waiting, environments written); reconcilers watch it with a
+  blocking read and look at once instead of at their next resync.
+
+Every item is a string, as Nomad requires; structured ones are JSON. A record that does
+not decode is refused as a whole (CatalogError), never half read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from controller.core.demand import StartSample
+from controller.core.offers import Offer, Offered
+from controller.core.times import format_time, parse_time
+
+CATALOG_PREFIX: Final = "poolkeeper/catalog/"
+WAITING_PREFIX: Final = "poolkeeper/waiting/"
+DOORBELL_PATH: Final = "poolkeeper/doorbell"
+
+# Runners a record offers: enough for the claims of many passes, and a record well below
+# Nomad's 64 KiB per variable.
+OFFER_LIMIT: Final = 200
+REPUBLISH_SECONDS: Final = 60.0
+STALE_SECONDS: Final = 600.0
+# A waiting record counts until this long after its last refresh.
+WAITING_TTL_SECONDS: Final = 30.0
+
+
+class CatalogError(ValueError):
+    """A record whose items do not decode."""
+
+
+def catalog_path(key: str) -> str:
+    """`<namespace>/<name>` with `/` and `.` as `~` (variable paths allow no `.`)."""
+    return CATALOG_PREFIX + key.replace("/", "~").replace(".", "~")
+
+
+@dataclass(frozen=True)
+class CatalogRecord:
+    key: str
+    document: Mapping[str, Any]  # the RunnerPool document, without spec.nomad.jobTemplate
+    active: bool  # takes claims (false while it drains)
+    status: Mapping[str, Any]  # as GET /v1/pools shows it
+    offer: Offer
+    # Nodes its runners run on that drain, and their drain deadline (None: none set).
+    draining_nodes: Mapping[str, datetime | None]
+    holder: str
+    published_at: datetime
+    conflict: str | None = None  # a prefix conflict's message: it hands out nothing
+
+    def to_items(self) -> dict[str, str]:
+        items = {
+            "pool": self.key,
+            "document": _dump(self.document),
+            "active": "true" if self.active else "false",
+            "status": _dump(self.status),
+            "offer": _dump(
+                {
+                    "current": _offered_rows(self.offer.current),
+                    "rest": _offered_rows(self.offer.rest),
+                }
+            ),
+            "drainingNodes": _dump(
+                {n: format_time(d) if d else "" for n, d in sorted(self.draining_nodes.items())}
+            ),
+            "holder": self.holder,
+            "publishedAt": format_time(self.published_at),
+        }
+        if self.conflict is not None:
+            items["conflict"] = self.conflict
+        return items
+
+    def same_content(self, other: CatalogRecord | None) -> bool:
+        """Equal but for when it was published and when its pool was last reconciled
+        (then there is nothing to write: every pass reconciles)."""
+        return other is not None and _content(self) == _content(other)
+
+    @classmethod
+    def from_items(cls, items: Mapping[str, Any]) -> CatalogRecord:
+        try:
+            document = json.loads(items["document"])
+            status = json.loads(items["status"])
+            offer = json.loads(items["offer"])
+            nodes = json.loads(items["drainingNodes"])
+            if not isinstance(document, dict) or not isinstance(status, dict):
+                raise CatalogError("document and status must be objects")
+            if not isinstance(offer, dict) or not isinstance(nodes, dict):
+                raise CatalogError("offer and drainingNodes must be objects")
+            return cls(
+                key=_text(items, "pool"),
+                document=document,
+                active=items["active"] == "true",
+                status=status,
+                offer=Offer(_offered(offer.get("current")), _offered(offer.get("rest"))),
+                draining_nodes={
+                    str(name): parse_time(when) if when else None for name, when in nodes.items()
+                },
+                holder=_text(items, "holder"),
+                published_at=parse_time(_text(items, "publishedAt")),
+                conflict=items.get("conflict") or None,
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            raise CatalogError(f"catalog record does not decode: {error}") from None
+
+
+def _content(record: CatalogRecord) -> CatalogRecord:
+    status = {k: v for k, v in record.status.items() if k != "lastReconcileTime"}
+    return dataclasses.replace(record, status=status, published_at=datetime.min)
+
+
+def without_job_template(document: Mapping[str, Any]) -> dict[str, Any]:
+    """The pool document as a catalog record carries it: the API tier never renders a job,
+    and a job template may be large."""
+    copied: dict[str, Any] = json.loads(json.dumps(document))
+    nomad = copied.get("spec", {}).get("nomad")
+    if isinstance(nomad, dict):
+        nomad.pop("jobTemplate", None)
+    return copied
+
+
+def _offered_rows(group: tuple[Offered, ...]) -> list[list[Any]]:
+    rows: list[list[Any]] = []
+    for o in group:
+        row: list[Any] = [o.runner_id, o.allocation_id, o.allocation_restarts, o.node_name]
+        if o.start is not None:
+            row += [o.start.registered_ns, o.start.seconds]
+        rows.append(row)
+    return rows
+
+
+def _offered(rows: Any) -> tuple[Offered, ...]:
+    if not isinstance(rows, list):
+        raise CatalogError("an offer group must be a list")
+    offered: list[Offered] = []
+    for row in rows:
+        if not isinstance(row, list) or len(row) not in (4, 6):
+            raise CatalogError(f"an offered runner must be a list of 4 or 6: {row!r}")
+        runner_id, allocation_id, restarts, node_name = row[:4]
+        if not all(isinstance(v, str) for v in (runner_id, allocation_id, node_name)):
+            raise CatalogError(f"an offered runner's IDs must be strings: {row!r}")
+        if not isinstance(restarts, int):
+            raise CatalogError(f"an offered runner's restarts must be a number: {row!r}")
+        start = StartSample(int(row[4]), float(row[5])) if len(row) == 6 else None
+        offered.append(Offered(runner_id, allocation_id, restarts, node_name, start))
+    return tuple(offered)
+
+
+@dataclass(frozen=True)
+class WaitingRecord:
+    """The requests one API replica holds waiting: per pool, when each (runner) arrived,
+    and how many runners were wanted by requests that gave up, ever (readers take the
+    growth since they last looked)."""
+
+    replica: str
+    arrivals: Mapping[str, tuple[datetime, ...]]
+    abandoned_total: Mapping[str, int]
+    expires_at: datetime
+
+    def to_items(self) -> dict[str, str]:
+        pools = {
+            key: {
+                "arrivals": [format_time(t) for t in self.arrivals.get(key, ())],
+                "abandoned": self.abandoned_total.get(key, 0),
+            }
+            for key in sorted({*self.arrivals, *self.abandoned_total})
+        }
+        return {
+            "replica": self.replica,
+            "pools": _dump(pools),
+            "expiresAt": format_time(self.expires_at),
+        }
+
+    @classmethod
+    def from_items(cls, items: Mapping[str, Any]) -> WaitingRecord:
+        try:
+            pools = json.loads(items["pools"])
+            if not isinstance(pools, dict):
+                raise CatalogError("pools must be an object")
+            arrivals: dict[str, tuple[datetime, ...]] = {}
+            abandoned: dict[str, int] = {}
+            for key, value in pools.items():
+                arrivals[key] = tuple(parse_time(t) for t in value["arrivals"])
+                abandoned[key] = int(value["abandoned"])
+            return cls(_text(items, "replica"), arrivals, abandoned, parse_time(items["expiresAt"]))
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise CatalogError(f"waiting record does not decode: {error}") from None
+
+    def expired(self, now: datetime) -> bool:
+        return now >= self.expires_at
+
+
+def waiting_path(replica: str) -> str:
+    return WAITING_PREFIX + replica
+
+
+def replica_segment(identity: str) -> str:
+    """A process identity (`host/pid`) as a variable path segment."""
+    allowed = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_"
+    return "".join(c if c in allowed else "-" for c in identity)[:80] or "replica"
+
+
+@dataclass
+class WaitingTally:
+    """What the waiting records of all replicas add up to, for the demand estimate: per
+    pool, the arrivals of the requests waiting now, and the runners of requests that gave
+    up since the last pass took them (the growth of each replica's total)."""
+
+    arrivals: dict[str, tuple[datetime, ...]] = field(default_factory=dict)
+    _seen_totals: dict[tuple[str, str], int] = field(default_factory=dict)
+    _abandoned: dict[str, int] = field(default_factory=dict)
+    _primed: bool = False  # the first reading is where the totals start from
+
+    def update(self, records: list[WaitingRecord], now: datetime) -> None:
+        """Take the live records as they are now (expired ones count for nothing). The
+        totals a process finds on its first reading are its baseline (they were counted
+        before it started, or never will be); after it, a new replica counts from 0."""
+        arrivals: dict[str, list[datetime]] = {}
+        for record in records:
+            if record.expired(now):
+                continue
+            for key, moments in record.arrivals.items():
+                arrivals.setdefault(key, []).extend(moments)
+            for key, total in record.abandoned_total.items():
+                seen = self._seen_totals.get(
+                    (record.replica, key), total if not self._primed else 0
+                )
+                if total > seen:
+                    self._abandoned[key] = self._abandoned.get(key, 0) + total - seen
+                self._seen_totals[(record.replica, key)] = total
+        self.arrivals = {key: tuple(sorted(m)) for key, m in arrivals.items()}
+        self._primed = True
+
+    def take_abandoned(self, key: str) -> int:
+        return self._abandoned.pop(key, 0)
+
+
+def waiting_expiry(now: datetime) -> datetime:
+    return now + timedelta(seconds=WAITING_TTL_SECONDS)
+
+
+def _text(items: Mapping[str, Any], name: str) -> str:
+    value = items[name]
+    if not isinstance(value, str) or not value:
+        raise CatalogError(f"{name} must be a non-empty string")
+    return value
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)

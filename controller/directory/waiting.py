@@ -1,0 +1,146 @@
+"""Waiting claim requests across processes (core/catalog.py, WaitingRecord).
+
+An API replica publishes the requests it holds waiting in its own waiting record: at once
+when they change (at most every RING_SECONDS), again every REFRESH_SECONDS while any
+wait (each write moves the record's expiry), then rings the doorbell. A reconciler reads
+every replica's record when the doorbell rings and on its resync; an expired record
+counts for nothing, and one expired for long is deleted, so a replica that died leaves
+nothing that counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Final
+
+from controller.core.catalog import (
+    WAITING_PREFIX,
+    WAITING_TTL_SECONDS,
+    CatalogError,
+    WaitingRecord,
+    waiting_expiry,
+    waiting_path,
+)
+from controller.core.waiting import WaitingClaims
+from controller.directory.doorbell import RING_SECONDS, WAITING, Doorbell
+from controller.nomad.errors import NomadConflict, NomadError
+from controller.nomad.port import Variables
+
+log = logging.getLogger(__name__)
+
+REFRESH_SECONDS: Final = WAITING_TTL_SECONDS / 3
+# An expired record is deleted once it has been expired this long.
+FORGET_AFTER: Final = timedelta(seconds=60)
+
+
+class WaitingPublisher:
+    def __init__(
+        self,
+        port: Variables,
+        home_namespace: str,
+        replica: str,
+        clock: Callable[[], datetime],
+        doorbell: Doorbell,
+    ) -> None:
+        self._port = port
+        self._home = home_namespace
+        self._replica = replica
+        self._clock = clock
+        self._doorbell = doorbell
+        self._pools: dict[str, WaitingClaims] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._dirty = False
+        self._written = False
+
+    def follow(self, key: str, waiting: WaitingClaims) -> None:
+        """Publish this pool's waiting requests from now on."""
+        self._pools[key] = waiting
+        waiting.on_change = self._changed
+
+    def _changed(self) -> None:
+        self._dirty = True
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._publish())
+
+    async def _publish(self) -> None:
+        try:
+            while self._dirty or self._waiting():
+                self._dirty = False
+                await self._write()
+                self._doorbell.ring(WAITING)
+                # While requests wait, write again before the record expires.
+                for _ in range(int(REFRESH_SECONDS / RING_SECONDS)):
+                    await asyncio.sleep(RING_SECONDS)
+                    if self._dirty:
+                        break
+        finally:
+            self._task = None
+
+    def _waiting(self) -> bool:
+        return any(w.arrivals for w in self._pools.values())
+
+    async def _write(self) -> None:
+        record = WaitingRecord(
+            self._replica,
+            {k: tuple(w.arrivals) for k, w in self._pools.items() if w.arrivals},
+            {k: w.abandoned_total for k, w in self._pools.items() if w.abandoned_total},
+            waiting_expiry(self._clock()),
+        )
+        try:
+            await self._port.put_variable(
+                waiting_path(self._replica), record.to_items(), self._home, cas=None
+            )
+            self._written = True
+        except NomadError as error:
+            log.warning("could not publish the waiting claim requests: %s", error)
+
+    async def close(self) -> None:
+        """Stop publishing and delete the record: nothing of this replica waits any more."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._written:
+            with contextlib.suppress(NomadError):
+                await self._port.delete_variable(waiting_path(self._replica), self._home)
+
+
+class WaitingReader:
+    """A reconciler's view of every replica's waiting record."""
+
+    def __init__(self, port: Variables, home_namespace: str, clock: Callable[[], datetime]):
+        self._port = port
+        self._home = home_namespace
+        self._clock = clock
+        self._known: dict[str, tuple[int, WaitingRecord | None]] = {}
+
+    async def read(self) -> list[WaitingRecord]:
+        """The records as Nomad holds them now (only changed ones are read again)."""
+        metas = await self._port.list_variables(WAITING_PREFIX, self._home)
+        known: dict[str, tuple[int, WaitingRecord | None]] = {}
+        for meta in metas:
+            path, index = str(meta["Path"]), int(meta.get("ModifyIndex", 0))
+            hit = self._known.get(path)
+            if hit is None or hit[0] != index:
+                hit = (index, await self._read(path))
+            known[path] = hit
+        self._known = known
+        now = self._clock()
+        for path, (index, record) in known.items():
+            if record is not None and now - record.expires_at > FORGET_AFTER:
+                with contextlib.suppress(NomadConflict):
+                    await self._port.delete_variable(path, self._home, cas=index)
+        return [record for _, record in known.values() if record is not None]
+
+    async def _read(self, path: str) -> WaitingRecord | None:
+        variable = await self._port.read_variable(path, self._home)
+        if variable is None:
+            return None
+        try:
+            return WaitingRecord.from_items(variable.get("Items") or {})
+        except CatalogError as error:
+            log.warning("waiting record %s ignored: %s", path, error)
+            return None

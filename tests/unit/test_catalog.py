@@ -1,0 +1,145 @@
+"""The records reconcilers and API replicas share through Nomad (core/catalog.py): they
+round-trip, a record that does not decode is refused whole, and the waiting tally counts
+each abandoned request once."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from controller.core.catalog import (
+    CatalogError,
+    CatalogRecord,
+    WaitingRecord,
+    WaitingTally,
+    catalog_path,
+    replica_segment,
+    without_job_template,
+)
+from controller.core.demand import StartSample
+from controller.core.offers import Offer, Offered
+
+NOW = datetime(2026, 12, 5, 9, 0, tzinfo=UTC)
+
+
+def record(**changes: Any) -> CatalogRecord:
+    fields: dict[str, Any] = {
+        "key": "default/py.3",
+        "document": {"metadata": {"name": "py.3"}, "spec": {"idleRunners": 2}},
+        "active": True,
+        "status": {"idleRunners": 2, "lastReconcileTime": "2026-12-05T09:00:00Z"},
+        "offer": Offer(
+            (Offered("py-000000000001", "a1", 0, "n1", StartSample(10**18, 1.5)),),
+            (Offered("py-000000000002", "a2", 3, "n2"),),
+        ),
+        "draining_nodes": {"n2": NOW + timedelta(hours=1), "n3": None},
+        "holder": "host/1",
+        "published_at": NOW,
+        "conflict": None,
+    }
+    return CatalogRecord(**(fields | changes))
+
+
+def test_a_record_round_trips_through_string_items() -> None:
+    for original in (record(), record(conflict="prefix py- is pool default/other's")):
+        items = original.to_items()
+        assert all(isinstance(v, str) for v in items.values())
+        assert CatalogRecord.from_items(items) == original
+
+
+def test_the_path_has_no_dot_or_second_level() -> None:
+    assert catalog_path("default/py.3") == "poolkeeper/catalog/default~py~3"
+
+
+def test_republishing_or_another_pass_is_the_same_content() -> None:
+    later = record(
+        published_at=NOW + timedelta(seconds=5),
+        status={"idleRunners": 2, "lastReconcileTime": "2026-12-05T09:00:05Z"},
+    )
+    assert later.same_content(record())
+    assert not record(status={"idleRunners": 1}).same_content(record())
+    assert not record(offer=Offer()).same_content(record())
+    assert not record().same_content(None)
+
+
+def corrupt(name: str, value: str | None) -> dict[str, str]:
+    items = record().to_items()
+    if value is None:
+        del items[name]
+    else:
+        items[name] = value
+    return items
+
+
+@pytest.mark.parametrize(
+    "items",
+    [
+        corrupt("document", None),
+        corrupt("document", "{not json"),
+        corrupt("document", "[]"),
+        corrupt("status", "3"),
+        corrupt("offer", '{"current": 1, "rest": []}'),
+        corrupt("offer", '{"current": [["py-1", "a", 0]], "rest": []}'),
+        corrupt("offer", '{"current": [["py-1", "a", "zero", "n"]], "rest": []}'),
+        corrupt("offer", '{"current": [[1, "a", 0, "n"]], "rest": []}'),
+        corrupt("drainingNodes", '{"n1": "yesterday"}'),
+        corrupt("publishedAt", "soon"),
+        corrupt("pool", ""),
+        corrupt("holder", None),
+    ],
+)
+def test_a_record_that_does_not_decode_is_refused(items: dict[str, str]) -> None:
+    with pytest.raises(CatalogError):
+        CatalogRecord.from_items(items)
+
+
+def test_the_job_template_stays_with_the_reconciler() -> None:
+    document = {"spec": {"nomad": {"namespace": "x", "jobTemplate": {"Meta": {"a": "b"}}}}}
+    kept = json.dumps(document)
+    assert without_job_template(document) == {"spec": {"nomad": {"namespace": "x"}}}
+    assert json.dumps(document) == kept  # the pool's own document is left alone
+
+
+def test_an_offer_capped_keeps_the_current_runners_first() -> None:
+    current = tuple(Offered(f"py-00000000000{i}", "a", 0, "n") for i in range(3))
+    rest = tuple(Offered(f"py-00000000001{i}", "a", 0, "n") for i in range(3))
+    capped = Offer(current, rest).capped(4)
+    assert (capped.current, capped.rest) == (current, rest[:1])
+    assert capped.runner_ids == {o.runner_id for o in (*current, *rest[:1])}
+
+
+def waiting(replica: str, arrivals: int, abandoned: int, expires: datetime) -> WaitingRecord:
+    return WaitingRecord(
+        replica, {"default/py": (NOW,) * arrivals}, {"default/py": abandoned}, expires
+    )
+
+
+def test_a_waiting_record_round_trips() -> None:
+    original = waiting("api-1", 2, 5, NOW)
+    assert WaitingRecord.from_items(original.to_items()) == original
+    with pytest.raises(CatalogError):
+        WaitingRecord.from_items({"replica": "api-1", "pools": "[]", "expiresAt": "x"})
+
+
+def test_the_tally_counts_live_arrivals_and_each_abandoned_request_once() -> None:
+    tally = WaitingTally()
+    live = NOW + timedelta(seconds=30)
+    # The first reading is the baseline: what was abandoned before it is not counted.
+    tally.update([waiting("api-1", 2, 4, live)], NOW)
+    assert tally.arrivals == {"default/py": (NOW, NOW)}
+    assert tally.take_abandoned("default/py") == 0
+    tally.update([waiting("api-1", 1, 6, live), waiting("api-2", 1, 1, live)], NOW)
+    assert len(tally.arrivals["default/py"]) == 2
+    assert tally.take_abandoned("default/py") == 3  # 2 more on api-1, 1 on the new api-2
+    assert tally.take_abandoned("default/py") == 0  # taken once
+    # An expired record (its replica died) counts for nothing.
+    tally.update([waiting("api-1", 5, 9, NOW - timedelta(seconds=1))], NOW)
+    assert tally.arrivals == {} and tally.take_abandoned("default/py") == 0
+
+
+def test_a_replica_identity_becomes_a_path_segment() -> None:
+    assert replica_segment("pod-7f9/12") == "pod-7f9-12"
+    assert replica_segment("") == "replica"
