@@ -56,7 +56,6 @@ def lease_ttl(value: float) -> float:
 
 @dataclass(frozen=True)
 class ServiceSettings(ServingSettings):
-    reconcile: bool = True
     prune: bool = False
     lease_ttl_seconds: float = DEFAULT_TTL_SECONDS
 
@@ -101,7 +100,6 @@ class Service:
             clock=clock,
             on_status=on_status,
             on_event=on_event,
-            reconcile=settings.reconcile,
             home_namespace=home,
             prune=settings.prune,
             orphan_advice=orphan_advice,
@@ -163,9 +161,8 @@ class Service:
         """Start the one listener for API, health and metrics, and follow what API
         replicas tell the reconcilers; returns the listener's URL."""
         url = await self.api.serve(ready)
-        if self.service_settings.reconcile:
-            self._doorbell_watch.start()
-            self._waiting_refresh.start()
+        self._doorbell_watch.start()
+        self._waiting_refresh.start()
         return url
 
     def _ring_claims(self, key: str) -> None:

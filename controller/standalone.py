@@ -47,8 +47,7 @@ class Controller(Service):
         self.load_pools(initial=True)
         url = await self.serve_api(self.engine.ready)
         await self.start_environments(first_read=self.settings.prune)
-        if self.settings.reconcile:
-            self._resuming = asyncio.create_task(self.resume_drains())
+        self._resuming = asyncio.create_task(self.resume_drains())
         await self.engine.start()
         self.sync_watchers()
         return url
@@ -114,7 +113,6 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         raise UsageError(f"--pools {args.pools}: no such file or folder")
     return Settings(
         pools_path=path,
-        reconcile=not args.no_reconcile,
         prune=args.prune,
         allow_empty=args.allow_empty,
         **shared,

@@ -44,6 +44,10 @@ def _ignore(_: PoolEvent) -> None:
     pass
 
 
+def _always(_: str) -> bool:
+    return True
+
+
 class PoolViews(Mapping[str, PoolView]):
     """The registered pools by key, read-only."""
 
@@ -75,7 +79,6 @@ class Engine:
         on_status: StatusSink | None = None,
         on_event: EventSink = _ignore,
         surge: int = 20,
-        reconcile: bool = True,
         home_namespace: str = "default",
         prune: bool = False,
         orphan_advice: str = "",
@@ -83,7 +86,7 @@ class Engine:
         lease_ttl_seconds: float = DEFAULT_TTL_SECONDS,
         store: ClaimStore | None = None,
     ) -> None:
-        """With an `identity` (and `reconcile`), every pool is written only while this
+        """With an `identity`, every pool is written only while this
         process holds its lease (core/leases.py); without one, this process writes every
         pool it reconciles (the lab's single-process tools)."""
         self.metrics = metrics
@@ -110,13 +113,13 @@ class Engine:
                 ttl_seconds=lease_ttl_seconds,
                 on_change=self._lease_changed,
             )
-            if identity is not None and reconcile
+            if identity is not None
             else None
         )
-        # Whether this process writes a pool's jobs now: it holds the pool's lease (or,
-        # without leases, reconciles at all).
+        # Whether this process writes a pool's jobs now: it holds the pool's lease (every
+        # pool, without leases).
         self.writes: Callable[[str], bool] = (
-            self.leases.holds if self.leases is not None else lambda _: reconcile
+            self.leases.holds if self.leases is not None else _always
         )
         self._applier = Applier(port, self.store, metrics, on_event, rng, self.writes)
         self._reconciler = Reconciler(
@@ -129,18 +132,12 @@ class Engine:
             metrics,
             on_event,
             clock,
-            reconcile,
             self.leases,
             CatalogPublisher(port, home_namespace, identity, clock)
-            if identity is not None and reconcile
+            if identity is not None
             else None,
         )
         self._scheduler = Scheduler(self._run_scheduled, resync_seconds=resync_seconds, clock=clock)
-
-    @property
-    def reconcile(self) -> bool:
-        """False for a claims-only replica: it observes, never acts."""
-        return self._reconciler.reconcile
 
     # ---- pools -------------------------------------------------------------------------
 
@@ -162,7 +159,7 @@ class Engine:
         if managed is None:
             return
         namespace = managed.policy.nomad_namespace
-        if mode is None or mode is PoolMode.ACTIVE or not self.reconcile:
+        if mode is None or mode is PoolMode.ACTIVE:
             self._registry.remove(key)
             self._publisher.forget(key)
             self._drains.cancel(key)

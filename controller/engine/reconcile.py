@@ -87,7 +87,6 @@ class Reconciler:
     metrics: Metrics
     events: EventSink
     clock: Callable[[], datetime]
-    reconcile: bool  # False: a claims-only replica observes, never acts
     leases: Leases | None  # None: this process writes every pool it reconciles
     # Publishes what the API tier needs of the pools this process writes (None: nothing).
     catalog: CatalogPublisher | None = None
@@ -140,9 +139,8 @@ class Reconciler:
         pools = self.registry.reconciled(namespace)
         acting = await self._acting(namespace, pools)
         by_pool, orphans = await self._split(namespace, [m.policy for m in pools], observed)
-        if self.reconcile:
-            self.drains.take_orphans(namespace, orphans)
-            await self.drains.sync(acting)
+        self.drains.take_orphans(namespace, orphans)
+        await self.drains.sync(acting)
         outcomes = await asyncio.gather(
             *(
                 self._pool_pass(m, by_pool[m.key], now, observation_started, m in acting)
@@ -157,8 +155,7 @@ class Reconciler:
             self.publisher.forget(key)
         if self.catalog is not None:
             await self._publish_catalog(acting, finished)
-        if self.reconcile:
-            await self._collect_requests(namespace, observed, now)
+        await self._collect_requests(namespace, observed, now)
         return PassResult(
             namespace,
             time.perf_counter() - started,
@@ -169,12 +166,9 @@ class Reconciler:
         )
 
     async def _acting(self, namespace: str, pools: list[ManagedPool]) -> list[ManagedPool]:
-        """The pools this pass may write: all of them for a reconciling process without
-        leases, those whose lease it holds with them, none for a claims-only replica. The
-        namespace's leases are brought up to date first (a pool no longer reconciled here
-        gives its lease back)."""
-        if not self.reconcile:
-            return []
+        """The pools this pass may write: all of them without leases, those whose lease
+        this process holds with them. The namespace's leases are brought up to date first
+        (a pool no longer reconciled here gives its lease back)."""
         if self.leases is None:
             return list(pools)
         for managed in pools:
@@ -274,7 +268,7 @@ class Reconciler:
             managed.waiting.take_abandoned() + self.waiting_elsewhere.take_abandoned(managed.key),
         )
         self._observed.pop(managed.key, asyncio.Event()).set()
-        if not acting:  # observes, never writes: a claims-only replica, or not the holder
+        if not acting:  # observes, never writes: another process holds the lease
             await self.publisher.publish(managed, runners, now)
             return _Outcome()
         todo = await compute(

@@ -1,0 +1,72 @@
+"""One real etcd and kube-apiserver for the session (tests/support/kube_cluster.py).
+
+The binaries come from scripts/build-kube.sh, run here first: a no-op when current, minutes
+on a fresh machine (its progress is shown). With $KUBE_BIN_DIR set, the binaries there are
+used as they are. Without Go and without binaries the tests are skipped, or failed where
+$POOLKEEPER_REQUIRE_KUBE is set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+import pytest
+
+from tests.support import kube_cluster
+from tests.support.kube_cluster import KubeCluster
+
+REQUIRE_KUBE: Final = "POOLKEEPER_REQUIRE_KUBE"
+
+_started: list[KubeCluster] = []
+
+
+def _unavailable(message: str) -> None:
+    if os.environ.get(REQUIRE_KUBE):
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def kube_bin_dir(pytestconfig: pytest.Config) -> Path:
+    """The folder with etcd, kube-apiserver and kubectl, built first if need be."""
+    folder = kube_cluster.bin_dir()
+    if "KUBE_BIN_DIR" not in os.environ and shutil.which("go"):
+        capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+            try:
+                kube_cluster.build_binaries()
+            except subprocess.CalledProcessError as error:
+                pytest.fail(f"scripts/build-kube.sh failed ({error.returncode})", pytrace=False)
+    missing = kube_cluster.missing_binaries(folder)
+    if missing:
+        _unavailable(
+            f"{', '.join(missing)} missing in {folder} and no Go to build them with "
+            "(scripts/build-kube.sh)"
+        )
+    return folder
+
+
+@pytest.fixture(scope="session")
+def kube(kube_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeCluster]:
+    """A running cluster, shared by the session: make a namespace per test
+    (``kube.create_namespace()``) rather than sharing objects."""
+    workdir = tmp_path_factory.mktemp("kube")
+    with kube_cluster.kube_cluster(workdir=workdir, binaries=kube_bin_dir) as cluster:
+        _started.append(cluster)
+        yield cluster
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for cluster in _started:
+        t = cluster.timings
+        terminalreporter.write_line(
+            f"kube cluster {kube_cluster.release()}: etcd healthy in {t.etcd:.2f} s, "
+            f"kube-apiserver ready in {t.apiserver:.2f} s, {t.total:.2f} s in all "
+            f"(logs in {cluster.workdir})"
+        )
