@@ -306,6 +306,41 @@ async def test_fail_starts_then_reschedule(client: Client, sim: Simulator) -> No
     assert not sim.fail_images
 
 
+async def test_lose_state_forgets_jobs_and_variables_and_restarts_the_index(
+    client: Client, sim: Simulator, open_stream: Callable[..., Any]
+) -> None:
+    await _running(client, sim, service_job("kept-nowhere", count=2))
+    await sim.drain_node("sim-node-1", deadline_seconds=0)
+    lease = "/v1/var/poolkeeper/leases/x"
+    lock = {"TTL": "10s", "LockDelay": "5s"}
+    _, held, _ = await client.put(
+        lease, {"Items": {"holder": "a"}, "Lock": lock}, **{"lock-acquire": ""}
+    )
+    stream = await open_stream(after=sim.index)
+    before = sim.index
+
+    status, _, _ = await client.post("/_sim/lose_state")
+
+    assert status == 200
+    assert (await client.get("/v1/jobs"))[1] == []
+    assert (await client.get("/v1/allocations"))[1] == []
+    assert (await client.get("/v1/vars"))[1] == []
+    renewed = await client.put(lease, {"Lock": {"ID": held["Lock"]["ID"]}}, **{"lock-renew": ""})
+    assert renewed[:2] == (404, "variable doesn't exist")
+    # Each client registered its node again, at the restarted index, with no drain.
+    _, nodes, headers = await client.get("/v1/nodes")
+    assert sim.index == len(nodes) == 3 < before and int(headers["X-Nomad-Index"]) == 3
+    assert {(n["Drain"], n["SchedulingEligibility"]) for n in nodes} == {(False, "eligible")}
+    with pytest.raises((EOFError, aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError)):
+        await stream.next(limit=2)
+    # The cluster works on: a lock is taken afresh, a job is placed and runs.
+    status, _, _ = await client.put(
+        lease, {"Items": {"holder": "b"}, "Lock": lock}, **{"lock-acquire": ""}
+    )
+    assert status == 200
+    await _running(client, sim, service_job("after", count=3))
+
+
 async def test_sim_http_routes(client: Client, sim: Simulator) -> None:
     (alloc,) = await _running(client, sim, service_job("h"))
     status, out, _ = await client.post("/_sim/reschedule_allocation", {"alloc_id": alloc["ID"]})
