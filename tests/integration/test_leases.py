@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from controller import service
-from controller.core.leases import takeover_seconds
+from controller.core.leases import lease_path, takeover_seconds
 from controller.standalone import Controller
 from tests.support.documents import pool_doc
 from tests.support.waiting import wait_until
@@ -127,3 +127,43 @@ async def test_a_crashed_holder_is_taken_over_within_the_takeover_time(
     # Nomad frees the lock 2 x TTL after the last renewal, then keeps it for the delay.
     assert 2 * 10 - 10 / 3 <= elapsed <= takeover_seconds(10) + 1, elapsed
     await harness.settled(second)
+
+
+async def test_a_lease_nomad_forgot_is_taken_again_at_once_and_the_pool_refilled(
+    harness: Harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pools = write_pools(tmp_path / "p.yaml", pool_doc("py", idle=2))
+    controller = await start_as(harness, pools, "host-a/1", monkeypatch)
+    await harness.settled(controller)
+    path = lease_path(KEY)
+
+    await harness.sim.lose_state()  # a dev agent restarted: jobs, claims and the lease gone
+    lost = time.monotonic()
+
+    def lease_in_nomad() -> str:
+        held = harness.sim.variables("default").get(path)
+        return str(held["Items"]["holder"]) if held and held.get("Lock") else ""
+
+    def running_runners() -> int:
+        return sum(
+            a["ClientStatus"] == "running" and a["DesiredStatus"] == "run"
+            for a in harness.sim.allocations()
+        )
+
+    async def taken_and_refilled() -> bool:
+        view = controller.engine.pools[KEY]
+        ready = view.status.condition("Ready") if view.status else None
+        return bool(
+            lease_in_nomad() == "host-a/1"
+            and view.lease
+            and view.lease.held
+            and ready is not None
+            and (ready.status, ready.reason) == ("True", "IdleRunnersAvailable")
+            and running_runners() == 2
+        )
+
+    # The holder learns of the loss at its next renewal (every TTL/3) and takes the lease
+    # again in the same round; one pass later the pool is refilled.
+    await wait_until(taken_and_refilled, within=10 / 3 + 3, what="the lease and the runners")
+    print(f"lease and pool back {time.monotonic() - lost:.2f} s after the state was lost")
+    await harness.settled(controller)
