@@ -94,15 +94,6 @@ class Engine:
         self._registry = PoolRegistry(surge=surge, events=on_event)
         self.pools = PoolViews(self._registry)
         self._publisher = Publisher(metrics, on_status)
-        self._drains = Drains(
-            port,
-            self._registry,
-            clock=clock,
-            home_namespace=home_namespace,
-            prune=prune,
-            on_new_pool=self._pool_added,
-            orphan_advice=orphan_advice,
-        )
         self.leases = (
             Leases(
                 port,
@@ -113,6 +104,16 @@ class Engine:
             )
             if identity is not None and reconcile
             else None
+        )
+        self._drains = Drains(
+            port,
+            self._registry,
+            clock=clock,
+            home_namespace=home_namespace,
+            prune=prune,
+            on_new_pool=self._pool_added,
+            orphan_advice=orphan_advice,
+            leases=self.leases,
         )
         may_write = self.leases.holds if self.leases is not None else _always
         self._applier = Applier(port, self.store, metrics, on_event, rng, may_write)

@@ -118,10 +118,37 @@ class Leases:
         standing = LeaseStanding.STALE if mine else LeaseStanding.ELSEWHERE
         return LeaseState(standing, lease.holder, lease.holder_spec)
 
+    async def held_elsewhere(self, key: str, namespace: str, *, take: bool) -> bool:
+        """Whether a live process holds the lease of a pool this process does not define:
+        Nomad refuses the lock (it is held, or in its lock delay), or does not answer. A
+        lease Nomad gives is kept with `take` (the caller drains the pool as its holder),
+        given back at once otherwise."""
+        if take:
+            self.want(key, namespace, "")
+            await self.refresh([key])
+            if self.holds(key):
+                return False
+            await self.drop(key)
+            return True
+        path = lease_path(key)
+        items = LeaseItems.taken(self.identity, "", utcnow())
+        try:
+            stored = await self._port.acquire_lock(path, items.to_items(), namespace, self._terms)
+            if stored is not None:
+                await self._port.release_lock(path, namespace, _lock_id(stored))
+        except NomadError as error:
+            log.debug("probing the lease of pool %s: %s", key, error)
+            return True
+        return stored is None
+
     async def refresh(self, keys: Iterable[str]) -> None:
         """Renew or try these leases now unless that was done within TTL/3 (a pass calls
         this first, so it acts on what the lease is now, with or without the followers)."""
         await asyncio.gather(*(self._keep(self._leases[k]) for k in keys if k in self._leases))
+
+    @property
+    def _terms(self) -> LockTerms:
+        return LockTerms(self.ttl, LOCK_DELAY_SECONDS)
 
     # -- running -----------------------------------------------------------------------
 
@@ -197,13 +224,14 @@ class Leases:
     async def _acquire(self, lease: _Lease) -> None:
         sent = self._monotonic()
         items = LeaseItems.taken(self.identity, lease.spec_hash, utcnow())
-        terms = LockTerms(self.ttl, LOCK_DELAY_SECONDS)
-        stored = await self._port.acquire_lock(lease.path, items.to_items(), lease.namespace, terms)
+        stored = await self._port.acquire_lock(
+            lease.path, items.to_items(), lease.namespace, self._terms
+        )
         lease.refused = stored is None
         if stored is None:
             self._note_holder(lease, await self._port.read_variable(lease.path, lease.namespace))
             return
-        lease.lock_id = str((stored.get("Lock") or {}).get("ID", ""))
+        lease.lock_id = _lock_id(stored)
         lease.valid_until = sent + self.ttl
         lease.written_spec, lease.holder, lease.holder_spec = lease.spec_hash, "", ""
         self._events(lease_acquired(lease.key, self.identity))
@@ -261,3 +289,8 @@ class Leases:
             await self._port.release_lock(lease.path, lease.namespace, lock_id)
         except NomadError as error:
             log.warning("could not release the lease of pool %s: %s", lease.key, error)
+
+
+def _lock_id(stored: dict[str, Any]) -> str:
+    """The lock ID in the variable an acquisition stored."""
+    return str((stored.get("Lock") or {}).get("ID", ""))

@@ -135,7 +135,7 @@ class Reconciler:
         acting = await self._acting(namespace, pools)
         by_pool, orphans = await self._split(namespace, [m.policy for m in pools], observed)
         if self.reconcile:
-            self.drains.take_orphans(namespace, orphans)
+            await self.drains.take_orphans(namespace, orphans)
             await self.drains.sync(acting)
         outcomes = await asyncio.gather(
             *(

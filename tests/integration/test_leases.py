@@ -5,6 +5,7 @@ once, a crash within the takeover time."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 
@@ -12,6 +13,8 @@ import pytest
 
 from controller import service
 from controller.core.leases import lease_path, takeover_seconds
+from controller.core.runner_ids import META_POOL
+from controller.engine import drains
 from controller.standalone import Controller
 from tests.support.documents import pool_doc
 from tests.support.waiting import wait_until
@@ -29,11 +32,11 @@ def condition(controller: Controller, type_: str) -> tuple[str, str, str]:
 
 
 async def start_as(
-    harness: Harness, pools: Path, name: str, monkeypatch: pytest.MonkeyPatch
+    harness: Harness, pools: Path, name: str, monkeypatch: pytest.MonkeyPatch, prune: bool = False
 ) -> Controller:
     """A controller whose identity is `name` (two in one test process differ)."""
     monkeypatch.setattr(service.Service, "identity", lambda self: name)
-    return await harness.start(pools, resync_seconds=0.5)
+    return await harness.start(pools, resync_seconds=0.5, prune=prune)
 
 
 async def test_two_reconcilers_never_fight_and_the_other_one_says_who_reconciles(
@@ -167,3 +170,48 @@ async def test_a_lease_nomad_forgot_is_taken_again_at_once_and_the_pool_refilled
     await wait_until(taken_and_refilled, within=10 / 3 + 3, what="the lease and the runners")
     print(f"lease and pool back {time.monotonic() - lost:.2f} s after the state was lost")
     await harness.settled(controller)
+
+
+async def test_pools_a_live_process_holds_are_no_orphans_even_with_prune(
+    harness: Harness,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(drains, "ORPHAN_RECHECK_SECONDS", 0.5)
+    first = await start_as(
+        harness, write_pools(tmp_path / "a.yaml", pool_doc("py", idle=2)), "host-a/1", monkeypatch
+    )
+    await harness.settled(first)
+    with caplog.at_level(logging.INFO, logger="controller.engine.drains"):
+        # Another controller in the same Nomad namespace, with other pools and --prune.
+        second = await start_as(
+            harness,
+            write_pools(tmp_path / "b.yaml", pool_doc("js", idle=1)),
+            "host-b/2",
+            monkeypatch,
+            prune=True,
+        )
+        await harness.settled(second)
+        for _ in range(3):
+            await second.engine.reconcile_namespace("default")
+        assert "default/py" not in second.engine.pools
+        assert caplog.messages == []  # neither reported as orphaned nor pruned
+
+    async def live_py_runners() -> int:
+        jobs = await harness.jobs(second)
+        return sum(j["Meta"][META_POOL] == "default/py" and j["Status"] != "dead" for j in jobs)
+
+    assert await live_py_runners() == 2
+    assert harness.sim.audit.by_non_holders() == []
+
+    # Once no live process holds its lease, the pool is defined nowhere: pruned.
+    await harness.stop(first)
+
+    async def pruned() -> bool:
+        await second.engine.reconcile_namespace("default")
+        return await live_py_runners() == 0
+
+    await wait_until(pruned, what="the runners of the pool nobody defines any more")
+    assert "pruning orphaned runners of pool default/py (--prune)" in caplog.messages
+    assert harness.sim.audit.by_non_holders() == []

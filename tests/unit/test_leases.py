@@ -262,3 +262,19 @@ async def test_stopping_gives_held_leases_back_and_drop_releases_one(world) -> N
     await leases.stop(release=True)
     assert port.held == {}
     assert not leases.holds(KEY)
+
+
+async def test_asking_whether_another_process_holds_a_lease_gives_a_free_one_back(world) -> None:
+    port, _, events, leases = world
+    path = lease_path(KEY)
+    assert not await leases.held_elsewhere(KEY, "default", take=False)
+    assert path not in port.held and [op for op, _ in port.calls] == ["acquire", "release"]
+    port.held[path] = "theirs"
+    assert await leases.held_elsewhere(KEY, "default", take=False)
+    port.held.clear()
+    port.down = True  # no answer: counted as held, nothing is taken for a pool not ours
+    assert await leases.held_elsewhere(KEY, "default", take=True)
+    port.down = False
+    assert not await leases.held_elsewhere(KEY, "default", take=True)  # kept, to drain it
+    assert leases.holds(KEY) and port.items[path]["specHash"] == ""
+    assert [e.kind for e in events] == [EventKind.LEASE_ACQUIRED]
