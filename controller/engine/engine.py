@@ -16,6 +16,7 @@ from controller.claims.store import ClaimStore
 from controller.core.events import EventSink, PoolEvent
 from controller.core.leases import DEFAULT_TTL_SECONDS
 from controller.core.problems import PoolProblem
+from controller.core.readiness import Readiness, assess
 from controller.core.runner_ids import is_runner_id
 from controller.core.status import PoolStatus
 from controller.core.times import utcnow
@@ -208,6 +209,15 @@ class Engine:
     def ready(self) -> list[str]:
         """Keys of the reconciled pools not observed yet; empty when the engine is ready."""
         return self._registry.unready()
+
+    def readiness(self) -> Readiness:
+        """What this process does now, and whether that is all it is for (core/readiness)."""
+        return assess(
+            self._registry.unready(),
+            [m.key for m in self._registry if m.conflict is None],
+            reconciler=self.reconcile,
+            lease=self.leases.state if self.leases is not None else None,
+        )
 
     async def purge_runner(self, runner_id: str, namespace: str) -> None:
         """Purge a released runner's job now rather than on the next pass (its tombstone,
