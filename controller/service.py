@@ -31,6 +31,7 @@ from controller.api.auth import (
 from controller.claims.service import ClaimService
 from controller.core.events import EventSink, PoolEvent
 from controller.core.leases import DEFAULT_TTL_SECONDS, MIN_TTL_SECONDS
+from controller.core.readiness import Readiness
 from controller.core.times import utcnow
 from controller.engine.engine import Clock, Engine
 from controller.engine.publish import StatusSink
@@ -338,7 +339,7 @@ class Service:
         does not)."""
         return True
 
-    async def serve_api(self, ready: Callable[[], list[str]]) -> str:
+    async def serve_api(self, ready: Callable[[], Readiness]) -> str:
         """Start the one listener for API, health and metrics; returns its URL."""
         sys.setswitchinterval(GIL_SWITCH_SECONDS)
         app = create_app(

@@ -48,7 +48,7 @@ class Controller(Service):
 
     async def start(self) -> str:
         self.load_pools(initial=True)
-        url = await self.serve_api(self.engine.ready)
+        url = await self.serve_api(self.engine.readiness)
         await self.start_environments(first_read=self.settings.prune)
         if self.settings.reconcile:
             self._resuming = asyncio.create_task(self.resume_drains())

@@ -25,6 +25,7 @@ from controller.api.routes import (
     ROUTES,
 )
 from controller.claims.service import ClaimService
+from controller.core.readiness import Readiness
 from controller.engine.engine import Engine
 from controller.errors import ErrorCode, ServiceError
 from controller.executions.files import FileOperations
@@ -83,7 +84,7 @@ def create_app(
     engine: Engine,
     metrics: Metrics,
     tokens: TokenSet,
-    ready: Callable[[], list[str]],
+    ready: Callable[[], Readiness],
     claims: ClaimService,
     executions: ExecutionManager,
     files: FileOperations,

@@ -206,10 +206,6 @@ class Engine:
         """A client node by name (claims written without the allocation observed yet)."""
         return next((n for n in self._reconciler.nodes.values() if n.name == name), None)
 
-    def ready(self) -> list[str]:
-        """Keys of the reconciled pools not observed yet; empty when the engine is ready."""
-        return self._registry.unready()
-
     def readiness(self) -> Readiness:
         """What this process does now, and whether that is all it is for (core/readiness)."""
         return assess(

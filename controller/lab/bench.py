@@ -446,7 +446,7 @@ class PassiveController:
             self.engine,
             self.metrics,
             TokenSet(None),
-            self.engine.ready,
+            self.engine.readiness,
             self.claims,
             self.executions,
             FileOperations(self.executions.activity, self.exec, self.metrics),

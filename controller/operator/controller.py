@@ -98,11 +98,6 @@ class OperatorController(Service):
     def registers_pools(self) -> bool:
         return self.active
 
-    def unready(self) -> list[str]:
-        if not self.active:
-            return [PASSIVE]
-        return self.engine.ready()
-
     def readiness(self) -> Readiness:
         if not self.active:
             return Readiness.idle(PASSIVE)
