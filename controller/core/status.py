@@ -184,12 +184,14 @@ def compute_status(
     lease: LeaseState | None = None,
     spec_hash: str = "",
     target: IdleTarget | None = None,
+    drain_aware: bool = True,
 ) -> PoolStatus:
     """`blocked` says why the pool is not reconciled at all (a prefix conflict, a spec that
     was never valid); `refusal` why its newest spec was not taken (the last valid version
     runs on); `lease` who reconciles it (None: leases do not apply, as for a claims-only
     replica), compared with this process's `spec_hash`; `target` is the pass's idle target
-    (idleRunners when not given).
+    (idleRunners when not given); `drain_aware` False when the Nomad token may not read
+    the nodes (said by Degraded's reason, which stays False: nothing is broken).
 
     Ready holds once the floor (idleRunners, or an open schedule window's) is idle;
     Progressing follows the whole target, demand included."""
@@ -203,7 +205,7 @@ def compute_status(
     wanted = [
         _ready(policy, counts, target.floor, blocked),
         _progressing(policy, counts, target.idle_runners, blocked),
-        _degraded(counts, breaker, lease is not None and lease.differs(spec_hash)),
+        _degraded(counts, breaker, lease is not None and lease.differs(spec_hash), drain_aware),
         _spec_accepted(refusal),
     ]
     conditions = tuple(
@@ -288,7 +290,9 @@ def _progressing(
     return (PROGRESSING, "False", "Stable", f"{counts.idle} of {desired} idle runners")
 
 
-def _degraded(counts: PoolCounts, breaker: BreakerState, spec_differs: bool) -> _Wanted:
+def _degraded(
+    counts: PoolCounts, breaker: BreakerState, spec_differs: bool, drain_aware: bool
+) -> _Wanted:
     malformed = (
         f"{counts.malformed_claims} runners hold unreadable claim variables"
         if counts.malformed_claims
@@ -304,6 +308,12 @@ def _degraded(counts: PoolCounts, breaker: BreakerState, spec_differs: bool) -> 
     if spec_differs:
         message = "the process holding the pool's lease reconciles another version of its spec"
         return (DEGRADED, "True", "SpecDiffersFromHolder", message)
+    if not drain_aware:
+        message = (
+            "the Nomad token may not read nodes (node read): runners on draining nodes are "
+            "not replaced ahead of the drain"
+        )
+        return (DEGRADED, "False", "DrainAwarenessOff", message)
     return (DEGRADED, "False", "AsExpected", "")
 
 

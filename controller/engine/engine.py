@@ -24,6 +24,7 @@ from controller.core.views import NodeView, PoolMode
 from controller.engine.apply import Applier
 from controller.engine.drains import Drains
 from controller.engine.leases import Leases
+from controller.engine.observe import NodeAccess
 from controller.engine.publish import Publisher, StatusSink
 from controller.engine.reconcile import PassResult, Reconciler
 from controller.engine.registry import PoolRegistry, PoolView
@@ -94,7 +95,8 @@ class Engine:
         self.store = ClaimStore(port)
         self._registry = PoolRegistry(surge=surge, events=on_event)
         self.pools = PoolViews(self._registry)
-        self._publisher = Publisher(metrics, on_status)
+        node_access = NodeAccess()
+        self._publisher = Publisher(metrics, on_status, node_access)
         self.leases = (
             Leases(
                 port,
@@ -130,6 +132,7 @@ class Engine:
             clock,
             reconcile,
             self.leases,
+            node_access,
         )
         self._scheduler = Scheduler(self._run_scheduled, resync_seconds=resync_seconds, clock=clock)
 

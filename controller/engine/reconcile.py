@@ -36,7 +36,12 @@ from controller.core.views import (
 from controller.engine.apply import Applier
 from controller.engine.drains import Drains
 from controller.engine.leases import Leases
-from controller.engine.observe import NamespaceObservation, ViewCache, observe_namespace
+from controller.engine.observe import (
+    NamespaceObservation,
+    NodeAccess,
+    ViewCache,
+    observe_namespace,
+)
 from controller.engine.offload import compute
 from controller.engine.publish import Publisher
 from controller.engine.registry import ManagedPool, PoolRegistry
@@ -87,6 +92,7 @@ class Reconciler:
     clock: Callable[[], datetime]
     reconcile: bool  # False: a claims-only replica observes, never acts
     leases: Leases | None  # None: this process writes every pool it reconciles
+    node_access: NodeAccess  # whether the token may read nodes (drain awareness)
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict, init=False)
     _views: dict[str, ViewCache] = field(default_factory=dict, init=False)
     _splits: dict[str, _Split] = field(default_factory=dict, init=False)
@@ -122,9 +128,14 @@ class Reconciler:
     async def _pass(self, namespace: str, started: float) -> PassResult:
         observation_started = time.monotonic()
         observed = await observe_namespace(
-            self.port, self.store, namespace, self._views.setdefault(namespace, ViewCache())
+            self.port,
+            self.store,
+            namespace,
+            self._views.setdefault(namespace, ViewCache()),
+            self.node_access,
         )
         self.nodes = {node.id: node for node in observed.nodes}
+        self.metrics.set_capability("node_read", self.node_access.readable)
         now = self.clock()
         upcoming = [
             c.expires_at

@@ -4,12 +4,14 @@ everything works; without one capability, the log names what is missing."""
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from controller.claims.service import ClaimRequest
+from controller.engine import observe
 from controller.lab.simulator import SimServer, Simulator, start_sim
 from controller.nomad.config import NomadConfig
 from controller.nomad.errors import NomadError
@@ -22,6 +24,7 @@ from tests.support.waiting import wait_until
 from .conftest import write_pools
 
 POLICY = Path(__file__).resolve().parents[2] / "examples" / "nomad-policy.hcl"
+NODE_BLOCK = re.compile(r'^node \{\s*policy = "read"\s*\}\n', re.MULTILINE)
 
 
 @pytest.fixture
@@ -136,3 +139,58 @@ async def test_a_token_lacking_a_capability_is_named_in_the_log(
         assert sim.job_list("*") == []
     finally:
         await controller.stop()
+
+
+async def test_without_node_read_pools_are_reconciled_without_drain_awareness(
+    acl_server: tuple[Simulator, SimServer],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(observe, "NODE_RETRY_SECONDS", 0.5)
+    sim, server = acl_server
+    # A namespace-scoped token: the example policy without its node block.
+    scoped = NODE_BLOCK.sub("", POLICY.read_text())
+    assert "node {" not in scoped
+    with caplog.at_level(logging.INFO, logger="controller.engine.observe"):
+        controller = await controller_with(server, token_with(sim, scoped), tmp_path)
+        try:
+
+            def node_read() -> float | None:
+                return controller.metrics.registry.get_sample_value(
+                    "poolkeeper_capability", {"name": "node_read"}
+                )
+
+            def degraded() -> tuple[str, str]:
+                view = controller.engine.pools["default/py"]
+                found = view.status.condition("Degraded") if view.status else None
+                return (found.status, found.reason) if found else ("", "")
+
+            async def full_without_drain_awareness() -> bool:
+                view = controller.engine.pools["default/py"]
+                return bool(
+                    view.status
+                    and view.status.counts.idle == 2
+                    and degraded() == ("False", "DrainAwarenessOff")
+                )
+
+            await wait_until(full_without_drain_awareness, what="the pool filled all the same")
+            assert node_read() == 0
+            for _ in range(3):
+                await controller.engine.reconcile_namespace("default")
+            said = [m for m in caplog.messages if "node" in m]
+            assert len(said) == 1 and "drain awareness" in said[0], said
+            assert controller.engine.node_named("sim-node-1") is None
+
+            # The capability appears: drain awareness comes back at the next retry.
+            sim.put_policy("poolkeeper", {"Name": "poolkeeper", "Rules": POLICY.read_text()})
+
+            async def drain_aware_again() -> bool:
+                return node_read() == 1 and degraded() == ("False", "AsExpected")
+
+            await wait_until(drain_aware_again, what="drain awareness to come back")
+            assert controller.engine.node_named("sim-node-1") is not None
+            said = [m for m in caplog.messages if "node" in m]
+            assert len(said) == 2 and "drain awareness is on again" in said[1], said
+        finally:
+            await controller.stop()

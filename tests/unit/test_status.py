@@ -88,6 +88,7 @@ def status(
     refusal: PoolProblem | None = None,
     now: datetime | None = None,
     lease: LeaseState | None = None,
+    drain_aware: bool = True,
 ) -> PoolStatus:
     return compute_status(
         policy,
@@ -100,6 +101,7 @@ def status(
         refusal=refusal,
         lease=lease,
         spec_hash="spec-a",
+        drain_aware=drain_aware,
     )
 
 
@@ -198,6 +200,13 @@ def test_to_dict_has_the_contract_fields() -> None:
             {"Ready": ("True", "IdleRunnersAvailable"), "SpecAccepted": ("False", "InvalidSpec")},
         ),
         ({}, {"idle": 3}, {"SpecAccepted": ("True", "Accepted")}),
+        # A token that may not read nodes: nothing is broken, the reason says what is off.
+        ({"drain_aware": False}, {"idle": 3}, {"Degraded": ("False", "DrainAwarenessOff")}),
+        (
+            {"drain_aware": False, "breaker": OPEN},
+            {"idle": 3},
+            {"Degraded": ("True", "CircuitOpen")},
+        ),
         (
             {"policy": dataclasses.replace(POLICY, mode=PoolMode.DRAIN)},
             {"claimed": 1},
