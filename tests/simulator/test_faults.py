@@ -295,6 +295,17 @@ async def test_fail_starts_then_reschedule(client: Client, sim: Simulator) -> No
     await wait_until(lambda: len(sim.allocations("flaky")) == 2, within=3)
     first, second = sim.allocations("flaky")
     assert first["ClientStatus"] == "failed" and first["ClientDescription"] == "Failed tasks"
+    # Nomad's events of a start that failed: the driver's error, then the final verdict.
+    task = first["TaskStates"]["main"]
+    assert (task["State"], task["Failed"]) == ("dead", True)
+    assert [(e["Type"], e["DisplayMessage"], e["FailsTask"]) for e in task["Events"]] == [
+        ("Received", "Task received by client", False),
+        ("Task Setup", "Building Task Directory", False),
+        ("Driver", "Downloading image", False),
+        ("Driver Failure", "Failed to pull `broken:1`: simulated start failure", False),
+        ("Not Restarting", "Error was unrecoverable", True),
+    ]
+    assert task["Events"][3]["Details"] == {"driver_error": task["Events"][3]["DriverError"]}
     assert first["FollowupEvalID"] and sim.evals[first["FollowupEvalID"]].get("WaitUntil")
     assert first["DesiredDescription"] == "alloc was rescheduled because it failed"
     assert second["PreviousAllocation"] == first["ID"]
