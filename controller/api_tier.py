@@ -21,6 +21,7 @@ import socket
 from controller import __version__
 from controller.claims.store import ClaimStore
 from controller.core.catalog import replica_segment
+from controller.core.readiness import CLAIMS, Readiness
 from controller.core.times import utcnow
 from controller.directory.catalog import CatalogDirectory
 from controller.directory.doorbell import ENVIRONMENTS, Doorbell
@@ -79,9 +80,10 @@ class ApiTier:
             "poseidon environments", lambda: settings.resync_seconds, self._refresh_environments
         )
 
-    def unready(self) -> list[str]:
+    def readiness(self) -> Readiness:
+        """Ready to serve claims while the catalog is read; nothing served otherwise."""
         why = self.directory.available()
-        return [why] if why is not None else []
+        return Readiness.idle(why) if why is not None else Readiness((CLAIMS,))
 
     @property
     def url(self) -> str:
@@ -89,7 +91,7 @@ class ApiTier:
 
     async def start(self) -> str:
         self.directory.start()
-        url = await self.api.serve(self.unready)
+        url = await self.api.serve(self.readiness)
         if self.environments is not None:
             self._environment_refresh.start()
         return url

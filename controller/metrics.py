@@ -90,6 +90,12 @@ class Metrics:
             ["pool", "op", "result"],
             registry=r,
         )
+        self.capability = Gauge(
+            "poolkeeper_capability",
+            "1 while the Nomad token has this optional capability (node_read: drain awareness)",
+            ["name"],
+            registry=r,
+        )
         self.event_stream_up = Gauge(
             "poolkeeper_event_stream_up",
             "1 while the Nomad event stream of a namespace is connected",
@@ -112,6 +118,9 @@ class Metrics:
     def set_lease_held(self, held: dict[str, bool]) -> None:
         for pool, holds in held.items():
             self.pool_lease_held.labels(pool=pool).set(1 if holds else 0)
+
+    def set_capability(self, name: str, present: bool) -> None:
+        self.capability.labels(name=name).set(1 if present else 0)
 
     def forget_pool(self, pool: str) -> None:
         """Drop a removed pool's series so dashboards stop showing it."""

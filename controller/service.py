@@ -20,6 +20,7 @@ from controller.claims.store import ClaimStore
 from controller.core.catalog import replica_segment
 from controller.core.events import EventSink, PoolEvent
 from controller.core.leases import DEFAULT_TTL_SECONDS, MIN_TTL_SECONDS
+from controller.core.readiness import Readiness
 from controller.core.times import utcnow
 from controller.directory.doorbell import CLAIMS, ENVIRONMENTS, WAITING, Doorbell, DoorbellWatch
 from controller.directory.waiting import WaitingReader
@@ -157,7 +158,7 @@ class Service:
         does not)."""
         return True
 
-    async def serve_api(self, ready: Callable[[], list[str]]) -> str:
+    async def serve_api(self, ready: Callable[[], Readiness]) -> str:
         """Start the one listener for API, health and metrics, and follow what API
         replicas tell the reconcilers; returns the listener's URL."""
         url = await self.api.serve(ready)

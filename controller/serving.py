@@ -29,6 +29,7 @@ from controller.api.auth import (
 from controller.claims.runners import RunnerClaims
 from controller.claims.service import ClaimService
 from controller.claims.store import ClaimStore
+from controller.core.readiness import Readiness
 from controller.directory.view import PoolDirectory
 from controller.errors import UsageError
 from controller.executions.activity import WATCH_SECONDS
@@ -294,7 +295,7 @@ class ApiServer:
         self._file_watch = FileWatch(watched, self.reload_files)
         self.url = ""
 
-    async def serve(self, ready: Callable[[], list[str]]) -> str:
+    async def serve(self, ready: Callable[[], Readiness]) -> str:
         """Start the one listener for API, health and metrics; returns its URL."""
         sys.setswitchinterval(GIL_SWITCH_SECONDS)
         app = create_app(

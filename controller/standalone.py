@@ -45,7 +45,7 @@ class Controller(Service):
 
     async def start(self) -> str:
         self.load_pools(initial=True)
-        url = await self.serve_api(self.engine.ready)
+        url = await self.serve_api(self.engine.readiness)
         await self.start_environments(first_read=self.settings.prune)
         self._resuming = asyncio.create_task(self.resume_drains())
         await self.engine.start()

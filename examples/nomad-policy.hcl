@@ -6,12 +6,17 @@
 # Give one namespace block to each namespace the pools run in ("default" here). The
 # controller also asks GET /v1/status/leader, which needs no capability.
 
-# GET /v1/nodes and GET /v1/node/:id: which nodes drain or take no placements, so that
-# idle runners on them are replaced before Nomad moves them.
+# OPTIONAL: drain awareness. GET /v1/nodes and GET /v1/node/:id: which nodes drain or take
+# no placements, so that idle runners on them are replaced before Nomad moves them. A
+# token without it (a namespace-scoped one) still reconciles every pool, without drain
+# awareness: the controller says so once in its log, poolkeeper_capability{name="node_read"}
+# is 0 and the pools' Degraded condition (False) has the reason DrainAwarenessOff; it asks
+# again every minute and turns drain awareness on once the token may read nodes.
 node {
   policy = "read"
 }
 
+# REQUIRED: everything below, in each namespace the pools run in.
 namespace "default" {
   capabilities = [
     # GET /v1/jobs?meta=true: the pools' runner jobs and their Meta.

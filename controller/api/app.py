@@ -20,6 +20,7 @@ from controller.api.route import CLAIMS_KEY, DIRECTORY_KEY, RUNNERS_KEY
 from controller.api.routes import METRICS_KEY, OPENAPI_KEY, READY_KEY, ROUTES
 from controller.claims.runners import RunnerClaims
 from controller.claims.service import ClaimService
+from controller.core.readiness import Readiness
 from controller.directory.view import PoolDirectory
 from controller.errors import ErrorCode, ServiceError
 from controller.executions.files import FileOperations
@@ -78,7 +79,7 @@ def create_app(
     directory: PoolDirectory,
     metrics: Metrics,
     tokens: TokenSet,
-    ready: Callable[[], list[str]],
+    ready: Callable[[], Readiness],
     claims: ClaimService,
     runners: RunnerClaims,
     executions: ExecutionManager,

@@ -29,12 +29,13 @@ from controller.api.route import (
     Route,
     runner_in_scope,
 )
+from controller.core.readiness import Readiness
 from controller.directory.view import PoolDirectory
 from controller.errors import ErrorCode, ServiceError
 from controller.metrics import Metrics
 
 METRICS_KEY: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
-READY_KEY: web.AppKey[Callable[[], list[str]]] = web.AppKey("ready")
+READY_KEY: web.AppKey[Callable[[], Readiness]] = web.AppKey("ready")
 OPENAPI_KEY: web.AppKey[dict[str, Any]] = web.AppKey("openapi")
 
 # ---- handlers ----------------------------------------------------------------------------
@@ -119,10 +120,8 @@ async def healthz(_: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    unready = request.app[READY_KEY]()
-    if unready:
-        return web.json_response({"status": "unready", "pools": unready}, status=503)
-    return web.json_response({"status": "ready"})
+    readiness = request.app[READY_KEY]()
+    return web.json_response(readiness.to_dict(), status=200 if readiness.ready else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -201,7 +200,10 @@ ROUTES: tuple[Route, ...] = (
           responses={200: ("alive", None)}),
     Route(
         "GET", "/readyz", "readyz", "readiness", readyz, needs_token=False,
-        responses={200: ("ready", None), 503: ("not ready; lists the unready pools", None)},
+        responses={
+            200: ("ready: what the process serves and reconciles", None),
+            503: ("not ready: the pools not read yet, or reconciled by nobody", None),
+        },
     ),
     Route("GET", "/metrics", "metrics", "Prometheus metrics", metrics, needs_token=False,
           responses={200: ("the metrics, Prometheus text format", None)}),

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from controller.core.times import format_time
@@ -62,16 +63,42 @@ class LeaseItems:
         )
 
 
+class LeaseStanding(StrEnum):
+    """Where a pool's lease stands, as this process knows it."""
+
+    HELD = "held"  # this process holds it and may write the pool
+    ELSEWHERE = "elsewhere"  # Nomad refused it: another process holds it and reconciles
+    # Nomad refused it, and its holder is this process's own identity: an earlier process
+    # (the one before a restart) that did not give it back. Nobody reconciles the pool
+    # until Nomad frees the lock (takeover_seconds after that process's last renewal).
+    STALE = "stale"
+    # Nobody is known to hold it: not tried yet, just lost, or Nomad does not answer.
+    FREE = "free"
+
+
 @dataclass(frozen=True, slots=True)
 class LeaseState:
     """What this process knows of a pool's lease, for its status."""
 
-    held: bool  # this process holds it and may write the pool
-    holder: str = ""  # who holds it ("" while unknown, or when nobody does)
+    standing: LeaseStanding
+    holder: str = ""  # who holds it ("" when nobody is known to)
     holder_spec: str = ""  # the spec hash the holder reconciles
 
+    @property
+    def held(self) -> bool:
+        """This process holds the lease and may write the pool."""
+        return self.standing is LeaseStanding.HELD
+
+    @property
+    def reconciled(self) -> bool:
+        """A live process reconciles the pool: this one, or another that holds the lease."""
+        return self.standing in (LeaseStanding.HELD, LeaseStanding.ELSEWHERE)
+
     def differs(self, own_spec: str) -> bool:
-        """The holder reconciles another version of the pool's spec than this process."""
+        """Another holder reconciles another version of the pool's spec than this process."""
         return bool(
-            not self.held and self.holder_spec and own_spec and self.holder_spec != own_spec
+            self.standing is LeaseStanding.ELSEWHERE
+            and self.holder_spec
+            and own_spec
+            and self.holder_spec != own_spec
         )

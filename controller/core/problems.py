@@ -20,6 +20,8 @@ class Problem(StrEnum):
     IMMUTABLE_FIELD_CHANGED = "ImmutableFieldChanged"
     # Another process holds the pool's lease: it reconciles the pool; this one serves claims.
     LEASE_HELD_ELSEWHERE = "LeaseHeldElsewhere"
+    # Nobody reconciles the pool: this process wants its lease and does not hold it (yet).
+    LEASE_NOT_HELD = "LeaseNotHeld"
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from typing import Any
 
 from controller.core.breaker import BreakerState, degraded
 from controller.core.demand import IdleTarget
-from controller.core.leases import LeaseState
+from controller.core.leases import LeaseStanding, LeaseState
 from controller.core.problems import PoolProblem, Problem
 from controller.core.times import format_time, parse_time
 from controller.core.views import PoolMode, PoolPolicy, Runner, RunnerState
@@ -184,12 +184,14 @@ def compute_status(
     lease: LeaseState | None = None,
     spec_hash: str = "",
     target: IdleTarget | None = None,
+    drain_aware: bool = True,
 ) -> PoolStatus:
     """`blocked` says why the pool is not reconciled at all (a prefix conflict, a spec that
     was never valid); `refusal` why its newest spec was not taken (the last valid version
     runs on); `lease` who reconciles it (None: leases do not apply, as for a claims-only
     replica), compared with this process's `spec_hash`; `target` is the pass's idle target
-    (idleRunners when not given).
+    (idleRunners when not given); `drain_aware` False when the Nomad token may not read
+    the nodes (said by Degraded's reason, which stays False: nothing is broken).
 
     Ready holds once the floor (idleRunners, or an open schedule window's) is idle;
     Progressing follows the whole target, demand included."""
@@ -199,11 +201,11 @@ def compute_status(
     elif target is None:
         target = IdleTarget.fixed(policy.desired_idle)
     if blocked is None and lease is not None and not lease.held:
-        blocked = PoolProblem(Problem.LEASE_HELD_ELSEWHERE, _elsewhere(lease))
+        blocked = _lease_problem(lease)
     wanted = [
         _ready(policy, counts, target.floor, blocked),
         _progressing(policy, counts, target.idle_runners, blocked),
-        _degraded(counts, breaker, lease is not None and lease.differs(spec_hash)),
+        _degraded(counts, breaker, lease is not None and lease.differs(spec_hash), drain_aware),
         _spec_accepted(refusal),
     ]
     conditions = tuple(
@@ -218,14 +220,25 @@ def compute_status(
         last_reconcile_time=now,
         conditions=conditions,
         target=target,
-        reconciled_by=lease.holder if lease is not None else "",
+        reconciled_by=lease.holder if lease is not None and lease.reconciled else "",
     )
 
 
-def _elsewhere(lease: LeaseState) -> str:
-    if lease.holder:
-        return f"reconciled by {lease.holder}; this process only serves claims"
-    return "the pool's lease is not held yet; this process only serves claims"
+def _lease_problem(lease: LeaseState) -> PoolProblem:
+    """Why this process does not reconcile a pool whose lease it wants."""
+    if lease.standing is LeaseStanding.ELSEWHERE:
+        holder = lease.holder or "another process"
+        message = f"reconciled by {holder}; this process only serves claims"
+        return PoolProblem(Problem.LEASE_HELD_ELSEWHERE, message)
+    if lease.standing is LeaseStanding.STALE:
+        message = (
+            f"the pool's lease is still held under this process's identity ({lease.holder}) "
+            "by an earlier process that did not give it back; this process takes it once "
+            "Nomad frees it (2 x TTL + lock delay after that process's last renewal)"
+        )
+    else:
+        message = "nobody holds the pool's lease; this process is taking it"
+    return PoolProblem(Problem.LEASE_NOT_HELD, message)
 
 
 _Wanted = tuple[str, str, str, str]
@@ -250,7 +263,7 @@ def _progressing(
     policy: PoolPolicy, counts: PoolCounts, desired: int, blocked: PoolProblem | None
 ) -> _Wanted:
     if blocked is not None:
-        elsewhere = blocked.kind is Problem.LEASE_HELD_ELSEWHERE
+        elsewhere = blocked.kind in (Problem.LEASE_HELD_ELSEWHERE, Problem.LEASE_NOT_HELD)
         message = blocked.message if elsewhere else "not reconciled: " + blocked.message
         return (PROGRESSING, "False", blocked.kind, message)
     if policy.mode is not PoolMode.ACTIVE:
@@ -277,7 +290,9 @@ def _progressing(
     return (PROGRESSING, "False", "Stable", f"{counts.idle} of {desired} idle runners")
 
 
-def _degraded(counts: PoolCounts, breaker: BreakerState, spec_differs: bool) -> _Wanted:
+def _degraded(
+    counts: PoolCounts, breaker: BreakerState, spec_differs: bool, drain_aware: bool
+) -> _Wanted:
     malformed = (
         f"{counts.malformed_claims} runners hold unreadable claim variables"
         if counts.malformed_claims
@@ -293,6 +308,12 @@ def _degraded(counts: PoolCounts, breaker: BreakerState, spec_differs: bool) -> 
     if spec_differs:
         message = "the process holding the pool's lease reconciles another version of its spec"
         return (DEGRADED, "True", "SpecDiffersFromHolder", message)
+    if not drain_aware:
+        message = (
+            "the Nomad token may not read nodes (node read): runners on draining nodes are "
+            "not replaced ahead of the drain"
+        )
+        return (DEGRADED, "False", "DrainAwarenessOff", message)
     return (DEGRADED, "False", "AsExpected", "")
 
 

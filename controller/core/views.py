@@ -106,7 +106,7 @@ class AllocationView:
     # then ended (drained, lost with its node, finished) did not fail to start, and start
     # times are measured from it.
     started_time_ns: int = 0
-    # The last task event that failed a task ("Driver Failure: Failed to pull ..."), if any.
+    # Why a task failed, from its task events ("Driver Failure: Failed to pull ..."), if any.
     failure: str = ""
 
     @classmethod
@@ -154,24 +154,63 @@ class AllocationView:
 
 # Task event types that mean the task could not be started.
 _START_FAILURES = frozenset({"Driver Failure", "Setup Failure", "Failed Validation"})
+# Task event types that say why a task failed. Nomad's restart tracker then adds the
+# event that fails the task ("Not Restarting: Error was unrecoverable", "... Exceeded
+# allowed attempts ..."), which says only that the failure is final.
+_CAUSES = _START_FAILURES | {
+    "Task hook failed",
+    "Failed Artifact Download",
+    "Disk Resources Exceeded",
+    "Sibling Task Failed",
+    "Failed Restoring Task",
+}
+_NOT_RESTARTING = "Not Restarting"
+# Where an event without a DisplayMessage says what went wrong: its Details (Nomad 0.10+),
+# then the older fields of the same meaning.
+_DETAILS = ("driver_error", "setup_error", "validation_error", "kill_reason", "kill_error",
+            "download_error", "restart_reason")  # fmt: skip
+_FIELDS = ("DriverError", "SetupError", "ValidationError", "KillReason", "KillError",
+           "DownloadError", "RestartReason", "Message")  # fmt: skip
 
 
 def _last_failure(task_state: Mapping[str, Any]) -> str:
+    """Why the task failed, as `nomad alloc status` shows it: the newest event that says
+    why (a driver failure with its message, a failed hook, a kill that failed the task, a
+    non-zero exit), else the newest event that failed the task; "" when none did."""
     events = task_state.get("Events")
     if not isinstance(events, list):
         return ""
-    for event in reversed(events):
-        if not isinstance(event, Mapping):
-            continue
-        kind = str_field(event, "Type")
-        if event.get("FailsTask") is True or kind in _START_FAILURES:
-            text = (
-                str_field(event, "DisplayMessage")
-                or str_field(event, "DriverError")
-                or str_field(event, "Message")
-            )
-            return f"{kind}: {text}" if text else kind
-    return ""
+    events = [event for event in events if isinstance(event, Mapping)]
+    failing = [e for e in events if _fails(e) or str_field(e, "Type") in _START_FAILURES]
+    if not failing:
+        return ""
+    causes = [e for e in events if _says_why(e)]
+    chosen = causes[-1] if causes else failing[-1]
+    kind, text = str_field(chosen, "Type"), _description(chosen)
+    return f"{kind}: {text}" if text else kind
+
+
+def _fails(event: Mapping[str, Any]) -> bool:
+    details = event.get("Details")
+    flagged = isinstance(details, Mapping) and details.get("fails_task") == "true"
+    return event.get("FailsTask") is True or flagged
+
+
+def _says_why(event: Mapping[str, Any]) -> bool:
+    kind = str_field(event, "Type")
+    if kind in _CAUSES:
+        return True
+    if kind == "Terminated":
+        return int_field(event, "ExitCode") != 0 or _fails(event)
+    return _fails(event) and kind != _NOT_RESTARTING
+
+
+def _description(event: Mapping[str, Any]) -> str:
+    text = str_field(event, "DisplayMessage")
+    details = event.get("Details")
+    if not text and isinstance(details, Mapping):
+        text = next((str(details[k]) for k in _DETAILS if details.get(k)), "")
+    return text or next((str_field(event, k) for k in _FIELDS if str_field(event, k)), "")
 
 
 def placement_failure(evaluations: Iterable[Mapping[str, Any]]) -> str:

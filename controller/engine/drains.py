@@ -4,13 +4,15 @@ A pool removed with deletionPolicy Drain or Delete is recorded in the variable
 `poolkeeper/pools/<namespace>~<name>` (in the controller's own Nomad namespace) so that
 a restarted controller resumes the removal; a pool defined again cancels its record.
 Runner jobs of pools defined nowhere are orphans: reported once, left alone, drained
-with `prune` (`poolkeeper run --prune`).
+with `prune` (`poolkeeper run --prune`). A pool whose lease a live process holds is
+defined there (another controller sharing the Nomad namespace): no orphan.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -18,6 +20,7 @@ from datetime import datetime, timedelta
 from controller.core.runner_ids import runner_prefix
 from controller.core.times import format_time, parse_time
 from controller.core.views import JobView, PoolMode
+from controller.engine.leases import Leases
 from controller.engine.registry import ManagedPool, PoolRegistry
 from controller.nomad.errors import NomadConflict
 from controller.nomad.port import Variables
@@ -26,6 +29,9 @@ log = logging.getLogger(__name__)
 
 DRAINS_PREFIX = "poolkeeper/pools/"
 DEFAULT_DRAIN_SECONDS = 3600
+# A pool found held by another process is asked about again this often: the holder may
+# have gone for good (each question takes the lease and gives it back, two writes).
+ORPHAN_RECHECK_SECONDS = 60.0
 
 
 def drain_path(key: str) -> str:
@@ -43,9 +49,13 @@ class Drains:
     on_new_pool: Callable[[str], None]  # a namespace got a pool to reconcile
     # How the front door would remove orphans, said in their report ("" for nothing).
     orphan_advice: str = ""
+    # With leases, a pool whose lease another live process holds is no orphan.
+    leases: Leases | None = None
     _records: dict[str, int] = field(default_factory=dict, init=False)  # key -> ModifyIndex
     _cancelled: set[str] = field(default_factory=set, init=False)  # records to drop
     _reported_orphans: set[str] = field(default_factory=set, init=False)
+    # key -> time.monotonic() until which the pool counts as another process's
+    _held_elsewhere: dict[str, float] = field(default_factory=dict, init=False)
 
     def cancel(self, key: str) -> None:
         """An Orphan removal after a drain began (the escape from a stuck drain): a
@@ -118,13 +128,18 @@ class Drains:
                 finished.append(managed.key)
         return finished
 
-    def take_orphans(self, namespace: str, orphans: Iterable[JobView]) -> None:
+    async def take_orphans(self, namespace: str, orphans: Iterable[JobView]) -> None:
         """Report runner jobs of pools defined nowhere; with `prune`, drain them."""
+        prefixes: dict[str, str | None] = {}
         for job in orphans:
             key = job.pool
-            if key in self.registry or key in self.registry.protected:
+            if key not in self.registry and key not in self.registry.protected:
+                prefixes.setdefault(key, runner_prefix(job.id))
+        for key, prefix in prefixes.items():
+            if key in self._reported_orphans and not self.prune:
                 continue
-            prefix = runner_prefix(job.id)
+            if await self._held_elsewhere_now(key, namespace):
+                continue
             if self.prune and prefix is not None:
                 log.warning("pruning orphaned runners of pool %s (--prune)", key)
                 deadline = self.clock() + timedelta(seconds=DEFAULT_DRAIN_SECONDS)
@@ -140,6 +155,19 @@ class Drains:
                     key,
                     advice,
                 )
+
+    async def _held_elsewhere_now(self, key: str, namespace: str) -> bool:
+        """Whether another live process holds the pool's lease (it defines the pool), as
+        last asked within ORPHAN_RECHECK_SECONDS; a pruner keeps a free lease it gets."""
+        if self.leases is None:
+            return False
+        if time.monotonic() < self._held_elsewhere.get(key, 0.0):
+            return True
+        if not await self.leases.held_elsewhere(key, namespace, take=self.prune):
+            self._held_elsewhere.pop(key, None)
+            return False
+        self._held_elsewhere[key] = time.monotonic() + ORPHAN_RECHECK_SECONDS
+        return True
 
     async def _drop(self, key: str) -> None:
         index = self._records.pop(key, None)

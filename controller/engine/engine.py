@@ -17,6 +17,7 @@ from controller.core.catalog import WaitingRecord
 from controller.core.events import EventSink, PoolEvent
 from controller.core.leases import DEFAULT_TTL_SECONDS
 from controller.core.problems import PoolProblem
+from controller.core.readiness import Readiness, assess
 from controller.core.runner_ids import is_runner_id
 from controller.core.status import PoolStatus
 from controller.core.times import utcnow
@@ -25,6 +26,7 @@ from controller.engine.apply import Applier
 from controller.engine.catalog import CatalogPublisher
 from controller.engine.drains import Drains
 from controller.engine.leases import Leases
+from controller.engine.observe import NodeAccess
 from controller.engine.publish import Publisher, StatusSink
 from controller.engine.reconcile import PassResult, Reconciler
 from controller.engine.registry import PoolRegistry, PoolView
@@ -95,16 +97,8 @@ class Engine:
         self.store = store or ClaimStore(port)  # shared with the claim path: one cache
         self._registry = PoolRegistry(surge=surge, events=on_event)
         self.pools = PoolViews(self._registry)
-        self._publisher = Publisher(metrics, on_status)
-        self._drains = Drains(
-            port,
-            self._registry,
-            clock=clock,
-            home_namespace=home_namespace,
-            prune=prune,
-            on_new_pool=self._pool_added,
-            orphan_advice=orphan_advice,
-        )
+        node_access = NodeAccess()
+        self._publisher = Publisher(metrics, on_status, node_access)
         self.leases = (
             Leases(
                 port,
@@ -115,6 +109,16 @@ class Engine:
             )
             if identity is not None
             else None
+        )
+        self._drains = Drains(
+            port,
+            self._registry,
+            clock=clock,
+            home_namespace=home_namespace,
+            prune=prune,
+            on_new_pool=self._pool_added,
+            orphan_advice=orphan_advice,
+            leases=self.leases,
         )
         # Whether this process writes a pool's jobs now: it holds the pool's lease (every
         # pool, without leases).
@@ -133,6 +137,7 @@ class Engine:
             on_event,
             clock,
             self.leases,
+            node_access,
             CatalogPublisher(port, home_namespace, identity, clock)
             if identity is not None
             else None,
@@ -207,9 +212,14 @@ class Engine:
         """A client node by name (claims written without the allocation observed yet)."""
         return next((n for n in self._reconciler.nodes.values() if n.name == name), None)
 
-    def ready(self) -> list[str]:
-        """Keys of the reconciled pools not observed yet; empty when the engine is ready."""
-        return self._registry.unready()
+    def readiness(self) -> Readiness:
+        """What this process does now, and whether that is all it is for (core/readiness)."""
+        return assess(
+            self._registry.unready(),
+            [m.key for m in self._registry if m.conflict is None],
+            reconciler=True,
+            lease=self.leases.state if self.leases is not None else None,
+        )
 
     async def purge_ended(self, key: str, runner_id: str, namespace: str, state: str) -> None:
         """Purge the job of a runner whose claim just became a tombstone (`state`: why),

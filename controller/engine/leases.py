@@ -22,7 +22,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.core.events import EventSink, lease_acquired, lease_lost
-from controller.core.leases import LOCK_DELAY_SECONDS, LeaseItems, LeaseState, lease_path
+from controller.core.leases import (
+    LOCK_DELAY_SECONDS,
+    LeaseItems,
+    LeaseStanding,
+    LeaseState,
+    lease_path,
+)
 from controller.core.times import utcnow
 from controller.nomad.errors import NomadError
 from controller.nomad.port import Locks, LockTerms
@@ -43,6 +49,7 @@ class _Lease:
     written_spec: str = ""  # the spec hash in the lease's items while we hold it
     holder: str = ""
     holder_spec: str = ""
+    refused: bool = False  # Nomad refused our last acquisition: the lock is someone's
     seen_index: int = 0  # the lease variable's ModifyIndex when last read
     last_round: float | None = None  # monotonic time of the last renewal or attempt
     lapsed: bool = False  # no renewal succeeded for a TTL: not written, LeaseLost said
@@ -101,15 +108,47 @@ class Leases:
     def state(self, key: str) -> LeaseState:
         lease = self._leases.get(key)
         if lease is None:
-            return LeaseState(held=False)
+            return LeaseState(LeaseStanding.FREE)
         if self.holds(key):
-            return LeaseState(True, self.identity, lease.spec_hash)
-        return LeaseState(False, lease.holder, lease.holder_spec)
+            return LeaseState(LeaseStanding.HELD, self.identity, lease.spec_hash)
+        if not lease.refused:
+            return LeaseState(LeaseStanding.FREE)
+        # The items name who took the lock; our own identity there is a process before us.
+        mine = lease.holder == self.identity
+        standing = LeaseStanding.STALE if mine else LeaseStanding.ELSEWHERE
+        return LeaseState(standing, lease.holder, lease.holder_spec)
+
+    async def held_elsewhere(self, key: str, namespace: str, *, take: bool) -> bool:
+        """Whether a live process holds the lease of a pool this process does not define:
+        Nomad refuses the lock (it is held, or in its lock delay), or does not answer. A
+        lease Nomad gives is kept with `take` (the caller drains the pool as its holder),
+        given back at once otherwise."""
+        if take:
+            self.want(key, namespace, "")
+            await self.refresh([key])
+            if self.holds(key):
+                return False
+            await self.drop(key)
+            return True
+        path = lease_path(key)
+        items = LeaseItems.taken(self.identity, "", utcnow())
+        try:
+            stored = await self._port.acquire_lock(path, items.to_items(), namespace, self._terms)
+            if stored is not None:
+                await self._port.release_lock(path, namespace, _lock_id(stored))
+        except NomadError as error:
+            log.debug("probing the lease of pool %s: %s", key, error)
+            return True
+        return stored is None
 
     async def refresh(self, keys: Iterable[str]) -> None:
         """Renew or try these leases now unless that was done within TTL/3 (a pass calls
         this first, so it acts on what the lease is now, with or without the followers)."""
         await asyncio.gather(*(self._keep(self._leases[k]) for k in keys if k in self._leases))
+
+    @property
+    def _terms(self) -> LockTerms:
+        return LockTerms(self.ttl, LOCK_DELAY_SECONDS)
 
     # -- running -----------------------------------------------------------------------
 
@@ -185,12 +224,14 @@ class Leases:
     async def _acquire(self, lease: _Lease) -> None:
         sent = self._monotonic()
         items = LeaseItems.taken(self.identity, lease.spec_hash, utcnow())
-        terms = LockTerms(self.ttl, LOCK_DELAY_SECONDS)
-        stored = await self._port.acquire_lock(lease.path, items.to_items(), lease.namespace, terms)
+        stored = await self._port.acquire_lock(
+            lease.path, items.to_items(), lease.namespace, self._terms
+        )
+        lease.refused = stored is None
         if stored is None:
             self._note_holder(lease, await self._port.read_variable(lease.path, lease.namespace))
             return
-        lease.lock_id = str((stored.get("Lock") or {}).get("ID", ""))
+        lease.lock_id = _lock_id(stored)
         lease.valid_until = sent + self.ttl
         lease.written_spec, lease.holder, lease.holder_spec = lease.spec_hash, "", ""
         self._events(lease_acquired(lease.key, self.identity))
@@ -205,6 +246,9 @@ class Leases:
             if not announced:
                 self._events(lease_lost(lease.key, self.identity, "Nomad refused its renewal"))
             self._on_change(lease.namespace)
+            # The lock expired, was taken, or Nomad lost it with its state: try at once, so
+            # that a lock nobody holds does not leave the pool unreconciled until a change.
+            await self._acquire(lease)
             return
         lease.valid_until = sent + self.ttl
         if lease.lapsed:
@@ -245,3 +289,8 @@ class Leases:
             await self._port.release_lock(lease.path, lease.namespace, lock_id)
         except NomadError as error:
             log.warning("could not release the lease of pool %s: %s", lease.key, error)
+
+
+def _lock_id(stored: dict[str, Any]) -> str:
+    """The lock ID in the variable an acquisition stored."""
+    return str((stored.get("Lock") or {}).get("ID", ""))

@@ -10,11 +10,16 @@ Job and allocation views are kept between passes and rebuilt only for stubs whos
 ModifyIndex moved (Nomad bumps it on every change of a job or an allocation, client
 updates included), so a steady-state pass over thousands of runners does not rebuild
 thousands of identical views.
+
+Reading the nodes is optional (`node { policy = "read" }`, which a namespace-scoped token
+lacks): without it pools are reconciled without drain awareness (NodeAccess).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +29,14 @@ from controller.core.claims import CLAIMS_PREFIX, ClaimRecord
 from controller.core.runner_ids import META_POOL
 from controller.core.views import AllocationView, JobView, NodeView
 from controller.engine.offload import compute
+from controller.nomad.errors import NomadPermissionDenied
 from controller.nomad.port import NomadPort
+
+log = logging.getLogger(__name__)
+
+# How often a token that may not read the nodes is tried again (the capability may be
+# granted at any time; each try is one list call refused).
+NODE_RETRY_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -87,20 +99,51 @@ def _views(
     return jobs, allocations, seen_jobs, seen
 
 
+@dataclass
+class NodeAccess:
+    """Whether the Nomad token may read the client nodes. Without it (403) passes see no
+    node, so nothing counts as draining: pools are reconciled without drain awareness.
+    The nodes are asked for again every NODE_RETRY_SECONDS; each change is said once."""
+
+    readable: bool = True
+    _retry_at: float = field(default=0.0, init=False)  # time.monotonic()
+
+    async def views(self, port: NomadPort, cache: ViewCache) -> tuple[NodeView, ...]:
+        if not self.readable and time.monotonic() < self._retry_at:
+            return ()
+        try:
+            nodes = await _node_views(port, await port.list_nodes(), cache)
+        except NomadPermissionDenied as denied:
+            self._retry_at = time.monotonic() + NODE_RETRY_SECONDS
+            if self.readable:
+                self.readable = False
+                log.warning(
+                    "the Nomad token may not read nodes, so pools are reconciled without "
+                    "drain awareness (idle runners on draining nodes are not replaced ahead "
+                    "of the drain); asked again every %g s: %s",
+                    NODE_RETRY_SECONDS,
+                    denied,
+                )
+            return ()
+        if not self.readable:
+            self.readable = True
+            log.info("the Nomad token may read nodes again: drain awareness is on again")
+        return nodes
+
+
 async def observe_namespace(
-    port: NomadPort, store: ClaimStore, namespace: str, cache: ViewCache
+    port: NomadPort, store: ClaimStore, namespace: str, cache: ViewCache, node_access: NodeAccess
 ) -> NamespaceObservation:
-    job_stubs, alloc_stubs, variable_metas, node_stubs = await asyncio.gather(
+    job_stubs, alloc_stubs, variable_metas, nodes = await asyncio.gather(
         port.list_jobs(namespace),
         port.list_allocations(namespace),
         port.list_variables(CLAIMS_PREFIX, namespace),
-        port.list_nodes(),
+        node_access.views(port, cache),
     )
     jobs, allocations, cache.jobs, cache.allocations = await compute(
         len(job_stubs), _views, job_stubs, alloc_stubs, cache.jobs, cache.allocations
     )
     claims, malformed = await store.read_all(namespace, variable_metas)
-    nodes = await _node_views(port, node_stubs, cache)
     return NamespaceObservation(
         namespace=namespace,
         jobs=jobs,

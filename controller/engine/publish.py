@@ -8,6 +8,7 @@ from datetime import datetime
 
 from controller.core.status import PoolStatus, compute_status, count, needs_write
 from controller.core.views import Runner
+from controller.engine.observe import NodeAccess
 from controller.engine.registry import ManagedPool
 from controller.metrics import Metrics
 
@@ -15,9 +16,12 @@ StatusSink = Callable[[str, PoolStatus], Awaitable[None] | None]
 
 
 class Publisher:
-    def __init__(self, metrics: Metrics, on_status: StatusSink | None) -> None:
+    def __init__(
+        self, metrics: Metrics, on_status: StatusSink | None, node_access: NodeAccess
+    ) -> None:
         self._metrics = metrics
         self._on_status = on_status
+        self._node_access = node_access
 
     async def publish(self, managed: ManagedPool, runners: Sequence[Runner], now: datetime) -> None:
         status = compute_status(
@@ -32,6 +36,7 @@ class Publisher:
             lease=managed.lease,
             spec_hash=managed.spec_hash,
             target=managed.idle_target,
+            drain_aware=self._node_access.readable,
         )
         counts = count(runners)
         self._metrics.set_runner_counts(

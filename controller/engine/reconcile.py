@@ -38,7 +38,12 @@ from controller.engine.apply import Applier
 from controller.engine.catalog import CatalogPublisher
 from controller.engine.drains import Drains
 from controller.engine.leases import Leases
-from controller.engine.observe import NamespaceObservation, ViewCache, observe_namespace
+from controller.engine.observe import (
+    NamespaceObservation,
+    NodeAccess,
+    ViewCache,
+    observe_namespace,
+)
 from controller.engine.offload import compute
 from controller.engine.publish import Publisher
 from controller.engine.registry import ManagedPool, PoolRegistry
@@ -88,6 +93,7 @@ class Reconciler:
     events: EventSink
     clock: Callable[[], datetime]
     leases: Leases | None  # None: this process writes every pool it reconciles
+    node_access: NodeAccess  # whether the token may read nodes (drain awareness)
     # Publishes what the API tier needs of the pools this process writes (None: nothing).
     catalog: CatalogPublisher | None = None
     # The claim requests API replicas hold waiting (their waiting records).
@@ -127,9 +133,14 @@ class Reconciler:
     async def _pass(self, namespace: str, started: float) -> PassResult:
         observation_started = time.monotonic()
         observed = await observe_namespace(
-            self.port, self.store, namespace, self._views.setdefault(namespace, ViewCache())
+            self.port,
+            self.store,
+            namespace,
+            self._views.setdefault(namespace, ViewCache()),
+            self.node_access,
         )
         self.nodes = {node.id: node for node in observed.nodes}
+        self.metrics.set_capability("node_read", self.node_access.readable)
         now = self.clock()
         upcoming = [
             c.expires_at
@@ -139,7 +150,7 @@ class Reconciler:
         pools = self.registry.reconciled(namespace)
         acting = await self._acting(namespace, pools)
         by_pool, orphans = await self._split(namespace, [m.policy for m in pools], observed)
-        self.drains.take_orphans(namespace, orphans)
+        await self.drains.take_orphans(namespace, orphans)
         await self.drains.sync(acting)
         outcomes = await asyncio.gather(
             *(

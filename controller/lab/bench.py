@@ -450,7 +450,7 @@ class PassiveController:
             self.directory,
             self.metrics,
             TokenSet(None),
-            self.engine.ready,
+            self.engine.readiness,
             self.claims,
             self.runners,
             self.executions,

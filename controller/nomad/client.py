@@ -393,12 +393,13 @@ class NomadClient:
         return dict(outcome.body)
 
     async def renew_lock(self, path: str, namespace: str, lock_id: str) -> bool:
-        """Renew a held lock; False when it is not ours any more (expired or taken). Other
-        failures raise: the caller fences itself by time."""
+        """Renew a held lock; False when it is not ours any more (expired, taken, or gone
+        with its variable: a Nomad that lost its state answers 404). Other failures
+        raise: the caller fences itself by time."""
         body = {"Namespace": namespace, "Path": path, "Lock": {"ID": lock_id}}
         try:
             await self._lock_call(path, namespace, "lock-renew", body)
-        except NomadConflict:
+        except (NomadConflict, NomadNotFound):
             return False
         except NomadUnavailable as error:
             # Nomad 1.7.0 answered a lost lock with a 500 naming it.

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from controller.core.breaker import BreakerState
 from controller.core.events import PoolEvent
 from controller.core.problems import PoolProblem
+from controller.core.readiness import Readiness
 from controller.core.status import Condition, PoolStatus, compute_status
 from controller.core.times import parse_time, utcnow
 from controller.core.views import PoolMode, PoolPolicy
@@ -97,10 +98,10 @@ class OperatorController(Service):
     def registers_pools(self) -> bool:
         return self.active
 
-    def unready(self) -> list[str]:
+    def readiness(self) -> Readiness:
         if not self.active:
-            return [PASSIVE]
-        return self.engine.ready()
+            return Readiness.idle(PASSIVE)
+        return self.engine.readiness()
 
     def connect(
         self, settings: kopf.OperatorSettings, connect: Connect

@@ -89,7 +89,7 @@ async def run(
     install_pause_hook()
     quiet_handler_successes()
     controller = OperatorController(options, nomad)
-    await controller.serve_api(controller.unready)
+    await controller.serve_api(controller.readiness)
     if started is not None:
         started(controller)
     token = following(controller.activity)

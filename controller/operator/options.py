@@ -29,7 +29,7 @@ ANNOTATION_PREFIX: Final = "poolkeeper.dev"
 PEERING_LIFETIME_SECONDS: Final = 15
 PRIORITY_RANGE: Final = (1, 2**31 - 1)
 COMPONENT: Final = "poolkeeper"
-PASSIVE: Final = "(passive replica: another operator replica is active)"
+PASSIVE: Final = "passive replica: another operator replica is active"
 
 Connect = Callable[[kopf.OperatorSettings], kopf.ConnectionInfo | None]
 

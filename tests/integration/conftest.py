@@ -120,7 +120,7 @@ class Harness:
         tier = ApiTier(settings, nomad or NomadConfig.from_env({"NOMAD_ADDR": self.server.url}))
         await tier.start()
         self.tiers.append(tier)
-        await wait_until(lambda: not tier.unready(), what="the API tier to read the catalog")
+        await wait_until(lambda: tier.readiness().ready, what="the API tier to read the catalog")
         return tier
 
     async def stop(self, controller: Controller) -> None:

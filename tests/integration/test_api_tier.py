@@ -83,6 +83,8 @@ async def test_the_api_tier_holds_no_lease_and_reads_only_the_catalog(harness, t
     assert status == 200
     assert pools == (await harness.api(controller, "GET", "/v1/pools"))[1]
     assert "api " in tier.sessions.client._sessions._user_agent  # not a lease identity
+    status, ready = await harness.api(tier, "GET", "/readyz", token=None)
+    assert (status, ready["serves"], ready["reconciles"]) == (200, ["claims"], [])
 
 
 async def test_a_request_id_retried_on_another_replica_answers_the_same_runner(
@@ -143,7 +145,8 @@ async def test_a_replica_that_cannot_reach_nomad_is_unready_and_answers_503(
 async def test_an_api_tier_without_nomad_is_unready(harness: Harness, tmp_path):
     nowhere = NomadConfig.from_env({"NOMAD_ADDR": f"http://127.0.0.1:{free_port()}"})
     tier = await asyncio.wait_for(_unready_tier(harness, nowhere), 30)
-    assert (await harness.api(tier, "GET", "/readyz", token=None))[0] == 503
+    status, unready = await harness.api(tier, "GET", "/readyz", token=None)
+    assert (status, unready["serves"]) == (503, []) and unready["reason"], unready
     status, body = await harness.api(tier, "POST", CLAIMS, {})
     assert (status, body["error"]["code"]) == (503, "NomadUnavailable")
 

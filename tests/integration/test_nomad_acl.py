@@ -5,6 +5,7 @@ without one capability, the log names what is missing."""
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 
 from controller.api_tier import ApiTier
 from controller.claims.service import ClaimRequest
+from controller.engine import observe
 from controller.lab.simulator import SimServer, Simulator, start_sim
 from controller.metrics import Metrics
 from controller.nomad.config import NomadConfig
@@ -38,6 +40,7 @@ ENVIRONMENT = {
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 POLICY = EXAMPLES / "nomad-policy.hcl"
 API_POLICY = EXAMPLES / "nomad-policy-api.hcl"
+NODE_BLOCK = re.compile(r'^node \{\s*policy = "read"\s*\}\n', re.MULTILINE)
 
 
 @pytest.fixture
@@ -181,7 +184,7 @@ async def test_the_api_tier_works_with_a_token_of_exactly_its_policy(
     )
     await tier.start()
     try:
-        await wait_until(lambda: not tier.unready(), what="the API tier to read the catalog")
+        await wait_until(lambda: tier.readiness().ready, what="the API tier to read the catalog")
         await wait_until(
             lambda: bool((entry := tier.directory.pools.get("default/py")) and entry.offer),
             what="runners offered",
@@ -217,3 +220,58 @@ async def test_the_api_tier_works_with_a_token_of_exactly_its_policy(
     finally:
         await tier.stop()
         await controller.stop()
+
+
+async def test_without_node_read_pools_are_reconciled_without_drain_awareness(
+    acl_server: tuple[Simulator, SimServer],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(observe, "NODE_RETRY_SECONDS", 0.5)
+    sim, server = acl_server
+    # A namespace-scoped token: the example policy without its node block.
+    scoped = NODE_BLOCK.sub("", POLICY.read_text())
+    assert "node {" not in scoped
+    with caplog.at_level(logging.INFO, logger="controller.engine.observe"):
+        controller = await controller_with(server, token_with(sim, scoped), tmp_path)
+        try:
+
+            def node_read() -> float | None:
+                return controller.metrics.registry.get_sample_value(
+                    "poolkeeper_capability", {"name": "node_read"}
+                )
+
+            def degraded() -> tuple[str, str]:
+                view = controller.engine.pools["default/py"]
+                found = view.status.condition("Degraded") if view.status else None
+                return (found.status, found.reason) if found else ("", "")
+
+            async def full_without_drain_awareness() -> bool:
+                view = controller.engine.pools["default/py"]
+                return bool(
+                    view.status
+                    and view.status.counts.idle == 2
+                    and degraded() == ("False", "DrainAwarenessOff")
+                )
+
+            await wait_until(full_without_drain_awareness, what="the pool filled all the same")
+            assert node_read() == 0
+            for _ in range(3):
+                await controller.engine.reconcile_namespace("default")
+            said = [m for m in caplog.messages if "node" in m]
+            assert len(said) == 1 and "drain awareness" in said[0], said
+            assert controller.engine.node_named("sim-node-1") is None
+
+            # The capability appears: drain awareness comes back at the next retry.
+            sim.put_policy("poolkeeper", {"Name": "poolkeeper", "Rules": POLICY.read_text()})
+
+            async def drain_aware_again() -> bool:
+                return node_read() == 1 and degraded() == ("False", "AsExpected")
+
+            await wait_until(drain_aware_again, what="drain awareness to come back")
+            assert controller.engine.node_named("sim-node-1") is not None
+            said = [m for m in caplog.messages if "node" in m]
+            assert len(said) == 2 and "drain awareness is on again" in said[1], said
+        finally:
+            await controller.stop()

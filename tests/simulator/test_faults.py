@@ -295,6 +295,17 @@ async def test_fail_starts_then_reschedule(client: Client, sim: Simulator) -> No
     await wait_until(lambda: len(sim.allocations("flaky")) == 2, within=3)
     first, second = sim.allocations("flaky")
     assert first["ClientStatus"] == "failed" and first["ClientDescription"] == "Failed tasks"
+    # Nomad's events of a start that failed: the driver's error, then the final verdict.
+    task = first["TaskStates"]["main"]
+    assert (task["State"], task["Failed"]) == ("dead", True)
+    assert [(e["Type"], e["DisplayMessage"], e["FailsTask"]) for e in task["Events"]] == [
+        ("Received", "Task received by client", False),
+        ("Task Setup", "Building Task Directory", False),
+        ("Driver", "Downloading image", False),
+        ("Driver Failure", "Failed to pull `broken:1`: simulated start failure", False),
+        ("Not Restarting", "Error was unrecoverable", True),
+    ]
+    assert task["Events"][3]["Details"] == {"driver_error": task["Events"][3]["DriverError"]}
     assert first["FollowupEvalID"] and sim.evals[first["FollowupEvalID"]].get("WaitUntil")
     assert first["DesiredDescription"] == "alloc was rescheduled because it failed"
     assert second["PreviousAllocation"] == first["ID"]
@@ -304,6 +315,41 @@ async def test_fail_starts_then_reschedule(client: Client, sim: Simulator) -> No
     assert len(sim.allocations("flaky")) == 2  # one attempt only
     sim.fail_starts("broken:1", on=False)
     assert not sim.fail_images
+
+
+async def test_lose_state_forgets_jobs_and_variables_and_restarts_the_index(
+    client: Client, sim: Simulator, open_stream: Callable[..., Any]
+) -> None:
+    await _running(client, sim, service_job("kept-nowhere", count=2))
+    await sim.drain_node("sim-node-1", deadline_seconds=0)
+    lease = "/v1/var/poolkeeper/leases/x"
+    lock = {"TTL": "10s", "LockDelay": "5s"}
+    _, held, _ = await client.put(
+        lease, {"Items": {"holder": "a"}, "Lock": lock}, **{"lock-acquire": ""}
+    )
+    stream = await open_stream(after=sim.index)
+    before = sim.index
+
+    status, _, _ = await client.post("/_sim/lose_state")
+
+    assert status == 200
+    assert (await client.get("/v1/jobs"))[1] == []
+    assert (await client.get("/v1/allocations"))[1] == []
+    assert (await client.get("/v1/vars"))[1] == []
+    renewed = await client.put(lease, {"Lock": {"ID": held["Lock"]["ID"]}}, **{"lock-renew": ""})
+    assert renewed[:2] == (404, "variable doesn't exist")
+    # Each client registered its node again, at the restarted index, with no drain.
+    _, nodes, headers = await client.get("/v1/nodes")
+    assert sim.index == len(nodes) == 3 < before and int(headers["X-Nomad-Index"]) == 3
+    assert {(n["Drain"], n["SchedulingEligibility"]) for n in nodes} == {(False, "eligible")}
+    with pytest.raises((EOFError, aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError)):
+        await stream.next(limit=2)
+    # The cluster works on: a lock is taken afresh, a job is placed and runs.
+    status, _, _ = await client.put(
+        lease, {"Items": {"holder": "b"}, "Lock": lock}, **{"lock-acquire": ""}
+    )
+    assert status == 200
+    await _running(client, sim, service_job("after", count=3))
 
 
 async def test_sim_http_routes(client: Client, sim: Simulator) -> None:

@@ -416,6 +416,77 @@ def test_allocation_from_stub_reads_whether_it_ran_and_why_it_failed(
     assert (view.started, view.failure) == (started, failure)
 
 
+def nomad_event(kind: str, display: str = "", **fields: Any) -> dict[str, Any]:
+    """A task event as Nomad's API sends it (DisplayMessage may be empty)."""
+    return {"Type": kind, "DisplayMessage": display, "FailsTask": False, "Details": {}, **fields}
+
+
+NOT_RESTARTING = nomad_event(
+    "Not Restarting",
+    "Error was unrecoverable",
+    FailsTask=True,
+    RestartReason="Error was unrecoverable",
+    Details={"restart_reason": "Error was unrecoverable", "fails_task": "true"},
+)
+PULL = "Failed to pull `python:3.12`: manifest unknown"
+
+
+@pytest.mark.parametrize(
+    ("events", "failure"),
+    [
+        (  # an image that does not exist: the driver's error, not the final verdict
+            [nomad_event("Received", "Task received by client"),
+             nomad_event("Task Setup", "Building Task Directory"),
+             nomad_event("Driver", "Downloading image"),
+             nomad_event("Driver Failure", PULL, DriverError=PULL), NOT_RESTARTING],
+            f"Driver Failure: {PULL}",
+        ),
+        (  # restarted until the policy gave up: the newest driver error
+            [nomad_event("Driver Failure", "registry timeout"),
+             nomad_event("Restarting", "Task restarting in 15s"),
+             nomad_event("Driver Failure", "registry refused"),
+             nomad_event("Not Restarting", "Exceeded allowed attempts 3 in interval 24h0m0s",
+                         FailsTask=True)],
+            "Driver Failure: registry refused",
+        ),
+        (  # no DisplayMessage: the Details say it
+            [nomad_event("Driver Failure", Details={"driver_error": "no such image"}),
+             NOT_RESTARTING],
+            "Driver Failure: no such image",
+        ),
+        (
+            [nomad_event("Task hook failed", "prestart hook failed: artifact"), NOT_RESTARTING],
+            "Task hook failed: prestart hook failed: artifact",
+        ),
+        (  # a kill that failed the task (a template that cannot render)
+            [nomad_event("Killing", "Template failed: missing key", FailsTask=True),
+             nomad_event("Killed", "Task successfully killed")],
+            "Killing: Template failed: missing key",
+        ),
+        (  # it ran and kept exiting 1
+            [nomad_event("Started", "Task started by client"),
+             nomad_event("Terminated", "Exit Code: 1", ExitCode=1),
+             nomad_event("Not Restarting", "Exceeded allowed attempts 3 in interval 24h0m0s",
+                         FailsTask=True)],
+            "Terminated: Exit Code: 1",
+        ),
+        (  # nothing says why: the event that failed the task
+            [nomad_event("Received"), NOT_RESTARTING],
+            "Not Restarting: Error was unrecoverable",
+        ),
+        (  # ran and completed: no failure
+            [nomad_event("Started"), nomad_event("Terminated", "Exit Code: 0")],
+            "",
+        ),
+    ],
+)  # fmt: skip
+def test_the_failure_is_the_event_that_says_why_as_nomad_alloc_status_shows_it(
+    events: list[dict[str, Any]], failure: str
+) -> None:
+    view = AllocationView.from_stub({"ID": "a", "TaskStates": {"runner": {"Events": events}}})
+    assert view.failure == failure
+
+
 def test_placement_failure_reads_the_newest_failed_evaluation() -> None:
     metric = {"NodesEvaluated": 3, "NodesExhausted": 3, "DimensionExhausted": {"memory": 3}}
     evaluations = [

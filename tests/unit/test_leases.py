@@ -7,13 +7,20 @@ from typing import Any
 import pytest
 
 from controller.core.events import EventKind, PoolEvent
-from controller.core.leases import LeaseItems, LeaseState, lease_path, takeover_seconds
+from controller.core.leases import (
+    LeaseItems,
+    LeaseStanding,
+    LeaseState,
+    lease_path,
+    takeover_seconds,
+)
 from controller.engine.leases import Leases
 from controller.nomad.errors import NomadUnavailable
 from controller.nomad.port import LockTerms
 
 KEY = "default/py.312"
 TTL = 10.0
+LOST_AND_TAKEN_AGAIN = [EventKind.LEASE_ACQUIRED, EventKind.LEASE_LOST, EventKind.LEASE_ACQUIRED]
 
 
 class FakeLocks:
@@ -92,7 +99,7 @@ async def test_a_free_lease_is_taken_and_names_its_holder_and_spec(world) -> Non
     leases.want(KEY, "default", "spec-a")
     await leases.refresh([KEY])
     assert leases.holds(KEY)
-    assert leases.state(KEY) == LeaseState(True, "host/1", "spec-a")
+    assert leases.state(KEY) == LeaseState(LeaseStanding.HELD, "host/1", "spec-a")
     path = lease_path(KEY)
     assert path == "poolkeeper/leases/default~py~312"
     items = LeaseItems.from_variable({"Items": port.items[path]})
@@ -109,7 +116,8 @@ async def test_a_held_lease_is_reported_with_its_holder(world) -> None:
     await leases.refresh([KEY])
     state = leases.state(KEY)
     assert not leases.holds(KEY)
-    assert state == LeaseState(False, "other/7", "spec-b") and state.differs("spec-a")
+    assert state == LeaseState(LeaseStanding.ELSEWHERE, "other/7", "spec-b")
+    assert state.differs("spec-a") and state.reconciled
     assert not state.differs("spec-b")
 
 
@@ -162,11 +170,7 @@ async def test_a_lapse_and_a_recovery_are_said_once_each(world) -> None:
     clock.now += TTL / 3
     await leases.refresh([KEY])  # Nomad had not freed the lock yet: ours again
     assert leases.holds(KEY)
-    assert [e.kind for e in events] == [
-        EventKind.LEASE_ACQUIRED,
-        EventKind.LEASE_LOST,
-        EventKind.LEASE_ACQUIRED,
-    ]
+    assert [e.kind for e in events] == LOST_AND_TAKEN_AGAIN
 
 
 async def test_a_lapsed_lease_that_nomad_freed_is_not_said_lost_twice(world) -> None:
@@ -197,6 +201,47 @@ async def test_a_refused_renewal_loses_the_lease_and_says_so(world) -> None:
     assert [e.kind for e in events] == [EventKind.LEASE_ACQUIRED, EventKind.LEASE_LOST]
 
 
+async def test_a_lease_nomad_forgot_is_taken_again_in_the_same_round(world) -> None:
+    port, clock, events, leases = world
+    leases.want(KEY, "default", "spec-a")
+    await leases.refresh([KEY])
+    port.held.clear()  # Nomad lost its state: the renewal is refused (404), nobody holds it
+    port.items.clear()
+    clock.now += TTL / 3
+    await leases.refresh([KEY])
+    assert leases.holds(KEY)
+    assert [op for op, _ in port.calls] == ["acquire", "renew", "acquire"]
+    assert port.items[lease_path(KEY)]["holder"] == "host/1"
+    assert [e.kind for e in events] == LOST_AND_TAKEN_AGAIN
+
+
+async def test_a_lease_nobody_is_known_to_hold_is_free_not_held_elsewhere(world) -> None:
+    port, clock, _, leases = world
+    leases.want(KEY, "default", "spec-a")
+    assert leases.state(KEY) == LeaseState(LeaseStanding.FREE)  # not tried yet
+    port.items[lease_path(KEY)] = {"holder": "other/7", "specHash": "spec-b"}  # released
+    await leases.refresh([KEY])
+    assert leases.state(KEY).held
+    port.down = True
+    for _ in range(4):  # Nomad does not answer for over a TTL: the lease lapses
+        clock.now += TTL / 3
+        await leases.refresh([KEY])
+    state = leases.state(KEY)
+    assert state == LeaseState(LeaseStanding.FREE) and not state.reconciled
+
+
+async def test_a_lease_held_under_our_own_identity_is_a_stale_one(world) -> None:
+    port, _, _, leases = world
+    path = lease_path(KEY)
+    port.held[path] = "the-process-before-a-restart"
+    port.items[path] = {"holder": "host/1", "specHash": "spec-a", "acquiredAt": ""}
+    leases.want(KEY, "default", "spec-a")
+    await leases.refresh([KEY])
+    state = leases.state(KEY)
+    assert state == LeaseState(LeaseStanding.STALE, "host/1", "spec-a")
+    assert not state.reconciled and not state.differs("spec-b")
+
+
 async def test_a_spec_change_is_written_into_the_held_lease(world) -> None:
     port, clock, _, leases = world
     leases.want(KEY, "default", "spec-a")
@@ -217,3 +262,19 @@ async def test_stopping_gives_held_leases_back_and_drop_releases_one(world) -> N
     await leases.stop(release=True)
     assert port.held == {}
     assert not leases.holds(KEY)
+
+
+async def test_asking_whether_another_process_holds_a_lease_gives_a_free_one_back(world) -> None:
+    port, _, events, leases = world
+    path = lease_path(KEY)
+    assert not await leases.held_elsewhere(KEY, "default", take=False)
+    assert path not in port.held and [op for op, _ in port.calls] == ["acquire", "release"]
+    port.held[path] = "theirs"
+    assert await leases.held_elsewhere(KEY, "default", take=False)
+    port.held.clear()
+    port.down = True  # no answer: counted as held, nothing is taken for a pool not ours
+    assert await leases.held_elsewhere(KEY, "default", take=True)
+    port.down = False
+    assert not await leases.held_elsewhere(KEY, "default", take=True)  # kept, to drain it
+    assert leases.holds(KEY) and port.items[path]["specHash"] == ""
+    assert [e.kind for e in events] == [EventKind.LEASE_ACQUIRED]

@@ -10,6 +10,7 @@ import pytest
 from controller.core.breaker import BreakerState
 from controller.core.claims import ClaimState
 from controller.core.classify import classify
+from controller.core.leases import LeaseStanding, LeaseState
 from controller.core.problems import PoolProblem, Problem
 from controller.core.status import (
     PoolStatus,
@@ -86,6 +87,8 @@ def status(
     blocked: PoolProblem | None = None,
     refusal: PoolProblem | None = None,
     now: datetime | None = None,
+    lease: LeaseState | None = None,
+    drain_aware: bool = True,
 ) -> PoolStatus:
     return compute_status(
         policy,
@@ -96,6 +99,9 @@ def status(
         breaker=breaker,
         blocked=blocked,
         refusal=refusal,
+        lease=lease,
+        spec_hash="spec-a",
+        drain_aware=drain_aware,
     )
 
 
@@ -194,6 +200,13 @@ def test_to_dict_has_the_contract_fields() -> None:
             {"Ready": ("True", "IdleRunnersAvailable"), "SpecAccepted": ("False", "InvalidSpec")},
         ),
         ({}, {"idle": 3}, {"SpecAccepted": ("True", "Accepted")}),
+        # A token that may not read nodes: nothing is broken, the reason says what is off.
+        ({"drain_aware": False}, {"idle": 3}, {"Degraded": ("False", "DrainAwarenessOff")}),
+        (
+            {"drain_aware": False, "breaker": OPEN},
+            {"idle": 3},
+            {"Degraded": ("True", "CircuitOpen")},
+        ),
         (
             {"policy": dataclasses.replace(POLICY, mode=PoolMode.DRAIN)},
             {"claimed": 1},
@@ -211,6 +224,53 @@ def test_conditions(
 ) -> None:
     got = conditions(status(runners_of(**runners), **kwargs))  # type: ignore[arg-type]
     assert {k: got[k] for k in expected} == expected
+
+
+@pytest.mark.parametrize(
+    ("lease", "reason", "reconciled_by", "message"),
+    [
+        (LeaseState(LeaseStanding.HELD, "host/1", "spec-a"), "IdleRunnersAvailable", "host/1", ""),
+        (
+            LeaseState(LeaseStanding.ELSEWHERE, "other/7", "spec-a"),
+            "LeaseHeldElsewhere",
+            "other/7",
+            "reconciled by other/7; this process only serves claims",
+        ),
+        (
+            # The lease a restart left behind under this process's own name: nobody
+            # reconciles the pool, and the status does not name the dead holder as its
+            # reconciler.
+            LeaseState(LeaseStanding.STALE, "host/1", "spec-a"),
+            "LeaseNotHeld",
+            "",
+            "held under this process's identity (host/1) by an earlier process",
+        ),
+        (
+            LeaseState(LeaseStanding.FREE),
+            "LeaseNotHeld",
+            "",
+            "nobody holds the pool's lease; this process is taking it",
+        ),
+    ],
+)
+def test_the_lease_says_who_reconciles_and_nobody_is_not_held_elsewhere(
+    lease: LeaseState, reason: str, reconciled_by: str, message: str
+) -> None:
+    s = status(runners_of(idle=3), lease=lease)
+    ready = s.condition("Ready")
+    assert ready is not None and ready.reason == reason and message in ready.message
+    assert s.reconciled_by == reconciled_by
+    progressing = s.condition("Progressing")
+    assert progressing is not None
+    if not lease.held:
+        assert (progressing.status, progressing.reason) == ("False", reason)
+    # Another version of the spec matters only where a live holder reconciles it.
+    other_spec = dataclasses.replace(lease, holder_spec="spec-b")
+    degraded = status(runners_of(idle=3), lease=other_spec).condition("Degraded")
+    expected = (
+        "SpecDiffersFromHolder" if lease.standing is LeaseStanding.ELSEWHERE else "AsExpected"
+    )
+    assert degraded is not None and degraded.reason == expected
 
 
 def test_degraded_message_names_both_problems_and_nomads_reason() -> None:

@@ -51,6 +51,7 @@ SIM_FAULTS = (
     "advance_clock",
     "fail_starts",
     "set_write_latency",
+    "lose_state",
 )
 
 

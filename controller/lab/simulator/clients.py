@@ -40,11 +40,8 @@ class Clients:
         received = _task_event("Received", now, "Task received by client")
         images = group_images(group)
         if "*" in self.fail_images or self.fail_images & set(images):
-            # What the docker driver reports for an image it cannot pull.
-            error = f"Failed to pull `{images[0] if images else ''}`: simulated start failure"
-            failure = _task_event("Driver Failure", now, error, fails=True)
-            failure["DriverError"] = error
-            tasks = _task_states(alloc, "dead", True, [received, failure])
+            events = _failed_start(images[0] if images else "", now)
+            tasks = _task_states(alloc, "dead", True, [received, *events])
             self._update(alloc, "failed", "Failed tasks", tasks)
             return
         started = _task_event("Started", now, "Task started by client")
@@ -202,6 +199,26 @@ def _task_states(alloc: JSON, state: str, failed: bool, events: list[JSON]) -> J
                 "Events": [*(old.get("Events") or []), *events],
             }
     return out
+
+
+def _failed_start(image: str, now: int) -> list[JSON]:
+    """The task events after `Received` of a task whose image cannot be pulled, as Nomad's
+    task runner emits them: the setup, the docker driver's pull, its error (which the
+    driver marks unrecoverable for an image that does not exist), then the restart
+    tracker's verdict, the event that fails the task."""
+    setup = _task_event("Task Setup", now, "Building Task Directory")
+    setup["Message"] = "Building Task Directory"
+    pulling = _task_event("Driver", now, "Downloading image")
+    pulling["DriverMessage"] = "Downloading image"
+    error = f"Failed to pull `{image}`: simulated start failure"
+    failure = _task_event("Driver Failure", now, error)
+    failure["DriverError"] = error
+    failure["Details"] = {"driver_error": error}
+    verdict = "Error was unrecoverable"
+    final = _task_event("Not Restarting", now, verdict, fails=True)
+    final["RestartReason"] = verdict
+    final["Details"] = {"restart_reason": verdict, "fails_task": "true"}
+    return [setup, pulling, failure, final]
 
 
 def _task_event(kind: str, now: int, message: str, fails: bool = False) -> JSON:

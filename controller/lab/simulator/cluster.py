@@ -293,6 +293,15 @@ class Simulator:
     def set_write_latency(self, ms: float) -> None:
         self.write_latency_ms = ms
 
+    async def lose_state(self) -> None:
+        """The servers lose their state, as a restarted dev agent does (or a snapshot
+        restored from before any of it was written)."""
+        self.store.lose_state()
+        self.scheduler.lose_state()
+        self.job_registry.lose_state()
+        self.variable_registry.lose_state()
+        self.node_registry.rejoin()
+
     # ================================================================== inspection
     def job_list(self, namespace: str = "*") -> list[JSON]:
         return [self.store.jobs[k].job for k in self.job_registry.job_keys(namespace)]

@@ -134,6 +134,11 @@ class EventBroker:
         self.generation += 1
         self._wake()
 
+    def restart(self) -> None:
+        """The agent restarted: its buffer is empty and every stream is cut."""
+        self.buffer.clear()
+        self.disconnect_all()
+
     def inject_fault(self, kind: str, seconds: float, delay_ms: float = 500.0) -> None:
         """For `seconds`, frames are dropped, sent twice, or held back `delay_ms` in order."""
         until = time.monotonic() + seconds

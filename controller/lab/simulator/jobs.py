@@ -34,6 +34,10 @@ class JobRegistry:
         hi = bisect.bisect_left(self._keys, (namespace + "\x00", ""))
         return self._keys[lo:hi]
 
+    def lose_state(self) -> None:
+        """Store.lose_state: no job."""
+        self._keys.clear()
+
     def _forget(self, key: JobKey) -> None:
         del self.store.jobs[key]
         self._keys.remove(key)

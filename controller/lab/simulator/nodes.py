@@ -61,6 +61,18 @@ class NodeRegistry:
         txn.node(node)
         store.commit(txn)
 
+    def rejoin(self) -> None:
+        """After Store.lose_state: every client registers again with its node ID, at a new
+        index, without the drain or eligibility the lost state held (a down node stays
+        down: its client is not there to register)."""
+        self._draining.clear()
+        for node in self.store.nodes.values():
+            txn = self.store.txn("NodeRegistration")
+            node.update(Drain=False, DrainStrategy=None, SchedulingEligibility="eligible")
+            node["CreateIndex"] = txn.index
+            txn.node(node)
+            self.store.commit(txn)
+
     def node_id(self, name_or_id: str) -> str:
         if name_or_id in self.store.nodes:
             return name_or_id

@@ -25,6 +25,12 @@ class Placement:
     def add_node(self, node_id: str) -> None:
         self._node_used[node_id] = [0, 0]
 
+    def lose_state(self) -> None:
+        """Store.lose_state: no allocation holds anything."""
+        self._held.clear()
+        for node_id in self._node_used:
+            self.add_node(node_id)
+
     def pick_node(self, cpu: int, mem: int, replacing: str | None = None) -> JSON | None:
         """The best node with room, or None; `replacing` frees that alloc's share first.
 

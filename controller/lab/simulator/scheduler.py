@@ -31,6 +31,12 @@ class Scheduler:
         self._unblock_pending = False
         self._resched_due: dict[str, float] = {}  # follow-up eval -> WaitUntil (monotonic)
 
+    def lose_state(self) -> None:
+        """Store.lose_state: no blocked or delayed evaluation, nothing placed."""
+        self.blocked.clear()
+        self._resched_due.clear()
+        self.placement.lose_state()
+
     # ------------------------------------------------------------------ evaluations
     def new_eval(self, txn: Txn, job: JSON, trigger: str, **extra: Any) -> JSON:
         ev: JSON = {

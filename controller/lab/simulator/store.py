@@ -163,6 +163,19 @@ class Store:
             return "pending"
         return "dead"
 
+    def lose_state(self) -> None:
+        """What a dev agent restarted keeps of its state store: no job, allocation,
+        evaluation or deployment, the index back at 0, an empty event buffer and every
+        stream cut. The nodes stay for their clients to register again."""
+        self.index = 0
+        self.table_index.clear()
+        for table in (self.jobs, self.job_allocs, self.allocs, self.evals, self.deployments):
+            table.clear()
+        self.job_touched.clear()
+        for allocs in self.node_allocs.values():
+            allocs.clear()
+        self.broker.restart()
+
     # ------------------------------------------------------------------ time
     async def wait_for_change(self, seconds: float) -> None:
         changed = self._changed

@@ -59,6 +59,13 @@ class VariableRegistry:
         keys = self._keys if namespace == "*" else [k for k in self._keys if k[0] == namespace]
         return [k for k in keys if k[1].startswith(prefix)]
 
+    def lose_state(self) -> None:
+        """Store.lose_state: no variable, no lock (their timers stop)."""
+        for key in list(self.locks):
+            self._drop_lock(key)
+        self.vars.clear()
+        self._keys.clear()
+
     # ------------------------------------------------------------------ plain writes
     def put_variable(
         self, namespace: str, path: str, items: Any, cas: int | None, lock: Any = None
