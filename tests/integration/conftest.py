@@ -74,6 +74,7 @@ class Harness:
         reconcile: bool = True,
         prune: bool = False,
         allow_empty: bool = False,
+        allow_shrink: bool = False,
         access_log: bool = False,
         clock: Clock = utcnow,
         poseidon: PoseidonSettings | None = None,
@@ -89,6 +90,7 @@ class Harness:
             reconcile=reconcile,
             prune=prune,
             allow_empty=allow_empty,
+            allow_shrink=allow_shrink,
             poseidon=poseidon or PoseidonSettings(),
             access_log=access_log,
         )
