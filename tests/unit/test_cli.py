@@ -66,3 +66,21 @@ def test_log_format_and_access_log_are_options_of_both_controllers(command, caps
         main([command, "--pools", "x", "--log-format", "xml"])
     assert exit_info.value.code == EXIT_USAGE
     assert "invalid choice: 'xml'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--max-removed-share", "1.5"], "--max-removed-share 1.5 is not between 0 and 1"),
+        (
+            ["--max-pools", "1"],
+            "{pools}: more than 1 pool documents, over the limit of 1 (--max-pools)",
+        ),
+    ],
+)
+def test_pool_file_guards_that_do_not_fit_are_usage_errors(tmp_path, capsys, options, message):
+    pools = tmp_path / "pools.yaml"
+    pools.write_text("metadata: {name: a}\n---\nmetadata: {name: b}\n")
+    code = main(["run", "--pools", str(pools), "--insecure-no-auth", *options])
+    assert code == EXIT_USAGE
+    assert capsys.readouterr().err == f"poolkeeper run: {message.format(pools=pools)}\n"
