@@ -1,9 +1,12 @@
+import argparse
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from controller.cli import main
+from controller.cli import build_parser, main
 from controller.errors import EXIT_USAGE
 
 
@@ -84,3 +87,14 @@ def test_pool_file_guards_that_do_not_fit_are_usage_errors(tmp_path, capsys, opt
     code = main(["run", "--pools", str(pools), "--insecure-no-auth", *options])
     assert code == EXIT_USAGE
     assert capsys.readouterr().err == f"poolkeeper run: {message.format(pools=pools)}\n"
+
+
+@pytest.mark.parametrize("command", ["run", "validate", "operator", "sim", "status"])
+def test_the_reference_documents_every_flag(command):
+    reference = (Path(__file__).resolve().parents[2] / "docs" / "reference.md").read_text()
+    section = reference.split(f"### `poolkeeper {command}`\n")[1].split("\n### ")[0]
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    parser = commands.choices[command]
+    flags = {f for action in parser._actions for f in action.option_strings if f.startswith("--")}
+    missing = [f for f in flags - {"--help"} if not re.search(rf"{f}(?![\w-])", section)]
+    assert sorted(missing) == []
