@@ -43,6 +43,26 @@ NOMAD_ENVIRONMENT = """Nomad is reached as the nomad CLI reaches it:
 API tokens: --api-token-file, and POOLKEEPER_API_TOKENS (one per line)."""
 
 
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return int(text)
+
+
+def _pool_file_limits(command: argparse.ArgumentParser) -> None:
+    """What one load of the pool files may hold, all files together; over a limit, nothing
+    is loaded (`run` and `validate` share them)."""
+    limits = command.add_argument_group("limits of the pool files (over one, nothing is loaded)")
+    limits.add_argument("--max-pools-bytes", type=_count, metavar="N", help="bytes (1048576)")
+    limits.add_argument(
+        "--max-pools-nodes",
+        type=_count,
+        metavar="N",
+        help="YAML nodes, an alias counted as the nodes it expands to (200000)",
+    )
+    limits.add_argument("--max-pools", type=_count, metavar="N", help="pool documents (1000)")
+
+
 def _controller_options(command: argparse.ArgumentParser, listen: str) -> None:
     """The options `run` and `operator` share."""
     _serving_options(
@@ -151,6 +171,19 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="let a reload that defines no pool remove every pool (refused otherwise)",
     )
+    run.add_argument(
+        "--allow-shrink",
+        action="store_true",
+        help="let a reload that defines pools remove more than --max-removed-share of them",
+    )
+    run.add_argument(
+        "--max-removed-share",
+        type=float,
+        default=0.5,
+        metavar="SHARE",
+        help="0 ... 1: a reload removing more than this share of the pools is refused (0.5)",
+    )
+    _pool_file_limits(run)
     run.set_defaults(handler=_command("controller.standalone"))
 
     api = commands.add_parser(
@@ -170,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument(
         "--pools", required=True, metavar="PATH", help="a RunnerPool YAML file or a folder of them"
     )
+    _pool_file_limits(validate)
     validate.set_defaults(handler=_command("controller.validate_command"))
 
     operator = commands.add_parser(
@@ -194,25 +228,41 @@ def build_parser() -> argparse.ArgumentParser:
     operator.set_defaults(handler=_command("controller.operator.handlers"))
 
     sim = commands.add_parser("sim", help="a Nomad HTTP API simulator")
-    sim.add_argument("--listen", default="127.0.0.1:4646")
-    sim.add_argument("--node", action="append", dest="nodes", metavar="NAME")
-    sim.add_argument("--acl-enabled", action="store_true")
-    sim.add_argument("--seed", type=int, default=0)
-    sim.add_argument("--tls-cert")
-    sim.add_argument("--tls-key")
+    sim.add_argument(
+        "--listen",
+        default="127.0.0.1:4646",
+        metavar="HOST:PORT",
+        help="where the simulated Nomad API listens (127.0.0.1:4646)",
+    )
+    sim.add_argument(
+        "--node",
+        action="append",
+        dest="nodes",
+        metavar="NAME",
+        help="a client node; repeatable (sim-node-1, sim-node-2, sim-node-3)",
+    )
+    sim.add_argument(
+        "--acl-enabled", action="store_true", help="enforce ACL tokens (POST /v1/acl/bootstrap)"
+    )
+    sim.add_argument(
+        "--seed", type=int, default=0, metavar="N", help="the same seed, the same IDs (0)"
+    )
+    sim.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate")
+    sim.add_argument("--tls-key", metavar="FILE", help="the certificate's private key")
     sim.add_argument(
         "--exec",
         dest="exec_mode",
         choices=("none", "local"),
         default="none",
-        help="local: run allocation execs as real local processes (isolates nothing)",
+        help="none: an exec fails (simulated tasks run no process); local: run allocation "
+        "execs as real local processes (isolates nothing) (none)",
     )
     sim.add_argument(
         "--write-latency-ms",
         type=float,
         default=0.0,
         metavar="N",
-        help="answer every write N ms after it arrives, as a Raft commit would",
+        help="answer every write N ms after it arrives, as a Raft commit would (0)",
     )
     sim.set_defaults(handler=_command("controller.lab.simulator.command"))
 

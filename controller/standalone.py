@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from controller import api_tier
@@ -19,9 +19,9 @@ from controller.nomad.config import NomadConfig
 from controller.service import Service, ServiceSettings, shared_settings
 from controller.serving import nomad_config_from_env
 from controller.sources.files import ConfigError as PoolPathError
-from controller.sources.files import load_pools
+from controller.sources.files import LimitExceeded, LoadLimits, LoadResult, load_pools
 from controller.sources.registration import removal
-from controller.sources.reload import reload, summary
+from controller.sources.reload import RemovalGuard, reload, summary
 from controller.tasks import serve_until_stopped
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 class Settings(ServiceSettings):
     pools_path: Path = Path("pools.yaml")
     allow_empty: bool = False  # a reload that defines no pool removes every pool
+    allow_shrink: bool = False  # a reload may remove more than max_removed_share of the pools
+    max_removed_share: float = 0.5
+    limits: LoadLimits = field(default_factory=LoadLimits)
 
 
 class Controller(Service):
@@ -42,9 +45,12 @@ class Controller(Service):
         self.pools: dict[str, RunnerPool] = {}
         self.refusals: dict[str, PoolProblem] = {}
         self._resuming: asyncio.Task[None] | None = None
+        self._reloading = asyncio.Lock()
+        self._next_reload: asyncio.Task[None] | None = None
+        self._reloads: set[asyncio.Task[None]] = set()
 
     async def start(self) -> str:
-        self.load_pools(initial=True)
+        await self.load_pools(initial=True)
         url = await self.serve_api(self.engine.readiness)
         await self.start_environments(first_read=self.settings.prune)
         self._resuming = asyncio.create_task(self.resume_drains())
@@ -54,30 +60,38 @@ class Controller(Service):
 
     async def stop(self) -> None:
         """Graceful stop: never destroys runners."""
-        if self._resuming is not None:
-            self._resuming.cancel()
-            await asyncio.gather(self._resuming, return_exceptions=True)
+        tasks = [*self._reloads, *([self._resuming] if self._resuming else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self.close()
 
-    def load_pools(self, *, initial: bool = False) -> None:
-        """Read the pool files; on reload keep what an invalid document would lose."""
+    async def load_pools(self, *, initial: bool = False) -> None:
+        """Read the pool files in a worker thread (parsing YAML is CPU-bound: on the event
+        loop it would stall the API and the lease renewals), then take them on the loop;
+        on reload keep what an invalid document would lose."""
+        settings = self.settings
         try:
-            result = load_pools(self.settings.pools_path)
-        except PoolPathError as error:
+            result = await asyncio.to_thread(load_pools, settings.pools_path, settings.limits)
+        except (PoolPathError, LimitExceeded) as error:
             if initial:
-                raise UsageError(f"--pools {self.settings.pools_path}: {error}") from None
-            log.error("reload failed, keeping the current pools: %s", error)
+                raise UsageError(str(error)) from None
+            if isinstance(error, LimitExceeded):
+                log.error("reload refused: %s; the current pools keep running", error)
+            else:
+                log.error("reload failed, keeping the current pools: %s", error)
             return
+        self._take(result, initial=initial)
+
+    def _take(self, result: LoadResult, *, initial: bool) -> None:
         for problem in result.errors:
             log.error("%s", problem)
-        outcome = reload(
-            {} if initial else self.pools, result, allow_empty=self.settings.allow_empty
+        guard = RemovalGuard(
+            self.settings.allow_empty, self.settings.allow_shrink, self.settings.max_removed_share
         )
-        if outcome.refused_empty:
-            log.error(
-                "reload refused: %s defines no pool; pass --allow-empty to remove every pool",
-                self.settings.pools_path,
-            )
+        outcome = reload({} if initial else self.pools, result, guard)
+        if outcome.guard_refusal is not None:
+            log.error("reload refused: %s %s", self.settings.pools_path, outcome.guard_refusal)
             return
         self.engine.set_protected({e.key for e in result.errors if e.key})
         for refused in outcome.refused:
@@ -100,10 +114,21 @@ class Controller(Service):
             log.info("reloaded %s: %s", self.settings.pools_path, summary(outcome))
             self.sync_watchers()
 
-    def reload(self) -> None:
-        """SIGHUP: pools and API tokens are read again."""
-        self.load_pools()
-        self.reload_files()
+    def reload(self) -> asyncio.Task[None]:
+        """SIGHUP: pools and API tokens are read again, in the background; the task that
+        does it is returned. One reload runs at a time; signals arriving while the next
+        one waits to start are answered by that one."""
+        if self._next_reload is None:
+            self._next_reload = asyncio.create_task(self._reload())
+            self._reloads.add(self._next_reload)
+            self._next_reload.add_done_callback(self._reloads.discard)
+        return self._next_reload
+
+    async def _reload(self) -> None:
+        async with self._reloading:
+            self._next_reload = None
+            await self.load_pools()
+            self.reload_files()
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -111,10 +136,15 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     path = Path(args.pools)
     if not path.exists():
         raise UsageError(f"--pools {args.pools}: no such file or folder")
+    if not 0 <= args.max_removed_share <= 1:
+        raise UsageError(f"--max-removed-share {args.max_removed_share:g} is not between 0 and 1")
     return Settings(
         pools_path=path,
         prune=args.prune,
         allow_empty=args.allow_empty,
+        allow_shrink=args.allow_shrink,
+        max_removed_share=args.max_removed_share,
+        limits=LoadLimits.from_args(args),
         **shared,
     )
 

@@ -34,7 +34,7 @@ class Background:
 async def serve_until_stopped(
     start: Callable[[], Awaitable[object]],
     stop: Callable[[], Awaitable[None]],
-    reload: Callable[[], None],
+    reload: Callable[[], object],
     stopping: str,
 ) -> None:
     """Start, reload on SIGHUP, and stop gracefully on SIGTERM or SIGINT, logging

@@ -1,6 +1,7 @@
 """`poolkeeper validate`: check pool files exactly as `poolkeeper run` loads them, without
 Nomad, for the CI of a GitOps repository. One line per problem, `file:document: field:
-message`; exit 0 when every pool is valid, 2 otherwise."""
+message`; exit 0 when every pool is valid, 2 otherwise: also when the files define no pool
+(what `run` refuses to reload) or are over the limits `run` applies."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ import sys
 
 from controller.core.problems import prefix_owners
 from controller.errors import EXIT_OK, EXIT_USAGE, UsageError
-from controller.sources.files import ConfigError, LoadResult, PoolFileError, load_pools
+from controller.sources.files import (
+    ConfigError,
+    LimitExceeded,
+    LoadLimits,
+    LoadResult,
+    PoolFileError,
+    load_pools,
+)
 
 
 def problems(result: LoadResult) -> list[PoolFileError]:
@@ -32,13 +40,16 @@ def problems(result: LoadResult) -> list[PoolFileError]:
 
 def main(args: argparse.Namespace) -> int:
     try:
-        result = load_pools(args.pools)
-    except ConfigError as error:
+        result = load_pools(args.pools, LoadLimits.from_args(args))
+    except (ConfigError, LimitExceeded) as error:
         raise UsageError(str(error)) from None
     found = problems(result)
-    for problem in found:
-        print(problem)
+    lines = [str(problem) for problem in found]
+    if result.empty:
+        lines.append(f"{args.pools}: defines no pool")
+    for line in lines:
+        print(line)
     refused = {p.key for p in found if p.key is not None}
     valid = sum(1 for pool in result.pools if pool.key not in refused)
-    print(f"{valid} valid pools, {len(found)} problems", file=sys.stderr)
-    return EXIT_USAGE if found else EXIT_OK
+    print(f"{valid} valid pools, {len(lines)} problems", file=sys.stderr)
+    return EXIT_USAGE if lines else EXIT_OK

@@ -238,7 +238,7 @@ class Day:
 
     async def set_oracle(self, idle: int) -> None:
         self.pools_file.write_text(yaml.safe_dump_all(pool_documents(idle), sort_keys=False))
-        self.controller.reload()
+        await self.controller.reload()
         self.controller.engine.hint_namespace(bench.NAMESPACE)
 
     async def close(self) -> None:

@@ -113,11 +113,11 @@ class Story:
                 return False
             await asyncio.sleep(0.25)
 
-    def edit_pools(self, change: Callable[[list[dict[str, object]]], None]) -> None:
+    async def edit_pools(self, change: Callable[[list[dict[str, object]]], None]) -> None:
         documents = list(yaml.safe_load_all(self.pools_file.read_text()))
         change(documents)
         self.pools_file.write_text(yaml.safe_dump_all(documents, sort_keys=False))
-        self.controller.load_pools()  # what SIGHUP does
+        await self.controller.reload()  # what SIGHUP does
 
 
 async def play(story: Story) -> None:
@@ -155,9 +155,9 @@ async def play(story: Story) -> None:
         return change
 
     desired = engine.pools[first].policy.desired_idle
-    story.edit_pools(scale(desired + 3))
+    await story.edit_pools(scale(desired + 3))
     await story.settle(f"scale {first} up to {desired + 3}")
-    story.edit_pools(scale(max(1, desired - 1)))
+    await story.edit_pools(scale(max(1, desired - 1)))
     await story.settle(f"scale {first} down to {max(1, desired - 1)}")
 
     def new_image(documents: list[dict[str, object]]) -> None:
@@ -168,7 +168,7 @@ async def play(story: Story) -> None:
             assert isinstance(runner, dict)
             runner["image"] = f"{runner['image']}-patched"
 
-    story.edit_pools(new_image)
+    await story.edit_pools(new_image)
 
     async def rolled_out() -> list[str]:
         return [

@@ -5,6 +5,9 @@ Valid pools replace their previous version; an invalid document, or a change of 
 immutable field, keeps the previous version (reported, with the refusal in the pool's
 status); a pool absent from the files is removed, unless some document could not be
 attributed to a pool (then nothing is removed: a parse error never deletes anything).
+A reload that would remove every pool, or more than a share of them, changes nothing
+unless asked for (``RemovalGuard``): a file truncated by a config tool mid-update at a
+document boundary looks exactly like that.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ class ReloadOutcome:
     document is; pools kept because the load was incomplete come last, in their old
     order). ``removed`` pools follow their deletionPolicy (their last version is in the
     ``previous`` mapping given to ``reload``). ``refusals`` holds, per pool whose newest
-    document was not taken, why.
+    document was not taken, why (a pool that was never valid is not in ``pools``).
+    ``guard_refusal`` says why the reload as a whole was refused: then nothing changes.
     """
 
     pools: dict[str, RunnerPool]
@@ -36,23 +40,52 @@ class ReloadOutcome:
     kept: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     refusals: dict[str, PoolProblem] = field(default_factory=dict)
-    # The load defined no pool at all while pools run: nothing changed (see reload).
-    refused_empty: bool = False
+    guard_refusal: str | None = None
     # Every problem: the load's errors, then the refused immutable changes.
     errors: list[PoolFileError] = field(default_factory=list)
     # Only the refused immutable changes (the load's own errors are in LoadResult.errors).
     refused: list[PoolFileError] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class RemovalGuard:
+    """How much one reload may remove without being asked to: a load that defines no pool
+    removes every pool only with `allow_empty` (whatever the share), and one that defines
+    pools removes more than `max_removed_share` of the running pools only with
+    `allow_shrink`."""
+
+    allow_empty: bool = False
+    allow_shrink: bool = False
+    max_removed_share: float = 0.5
+
+    def refusal(self, running: int, result: LoadResult, removed: list[str]) -> str | None:
+        """Why a reload that removes `removed` of the `running` pools is refused, if it is."""
+        if not running:
+            return None
+        if result.empty:
+            if self.allow_empty:
+                return None
+            return "defines no pool; pass --allow-empty to remove every pool"
+        if self.allow_shrink or len(removed) <= self.max_removed_share * running:
+            return None
+        return (
+            f"would remove {len(removed)} of {running} pools ({', '.join(removed)}), more "
+            f"than --max-removed-share {self.max_removed_share:g}; pass --allow-shrink to "
+            "remove them"
+        )
+
+
 def summary(outcome: ReloadOutcome) -> str:
-    """One line for the log: what a reload added, changed, removed and refused."""
+    """One line for the log: what a reload added, changed, removed and refused, and why
+    each pool was refused."""
+    refused = [f"{key} ({problem.message})" for key, problem in outcome.refusals.items()]
     parts = [
         f"{what} {', '.join(keys)}"
         for what, keys in (
             ("added", outcome.added),
             ("changed", outcome.updated),
             ("removed", outcome.removed),
-            ("refused", list(outcome.refusals)),
+            ("refused", refused),
         )
         if keys
     ]
@@ -60,13 +93,20 @@ def summary(outcome: ReloadOutcome) -> str:
 
 
 def reload(
-    previous: Mapping[str, RunnerPool], result: LoadResult, *, allow_empty: bool = False
+    previous: Mapping[str, RunnerPool],
+    result: LoadResult,
+    guard: RemovalGuard = RemovalGuard(),
 ) -> ReloadOutcome:
-    """A load that would leave no pool at all while pools run (a file truncated by a
-    config tool mid-update looks exactly like that) changes nothing, unless
-    `allow_empty`: removing every pool must be asked for."""
-    if previous and not result.locations and not result.errors and not allow_empty:
-        return ReloadOutcome(pools=dict(previous), kept=list(previous), refused_empty=True)
+    """What runs once `result` replaces `previous`; nothing changes when `guard` refuses
+    what it would remove."""
+    outcome = _replace(previous, result)
+    refusal = guard.refusal(len(previous), result, outcome.removed)
+    if refusal is not None:
+        return ReloadOutcome(pools=dict(previous), kept=list(previous), guard_refusal=refusal)
+    return outcome
+
+
+def _replace(previous: Mapping[str, RunnerPool], result: LoadResult) -> ReloadOutcome:
     outcome = ReloadOutcome(pools={}, errors=list(result.errors))
     valid = {pool.key: pool for pool in result.pools}
     problems: dict[str, list[str]] = {}
@@ -80,12 +120,13 @@ def reload(
         registration = register(
             old, new if new is not None else "; ".join(problems.get(key, ["invalid"]))
         )
+        if registration.refusal is not None:
+            outcome.refusals[key] = registration.refusal
         if registration.pool is None:
-            continue  # never valid: reported in the load's errors
+            continue  # never valid: nothing runs
         outcome.pools[key] = registration.pool
         if registration.refusal is not None:
             outcome.kept.append(key)
-            outcome.refusals[key] = registration.refusal
             if new is not None and old is not None:
                 message = registration.refusal.message
                 outcome.refused.extend(

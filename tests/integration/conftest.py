@@ -76,6 +76,7 @@ class Harness:
         resync_seconds: float = 1.0,
         prune: bool = False,
         allow_empty: bool = False,
+        allow_shrink: bool = False,
         access_log: bool = False,
         clock: Clock = utcnow,
         poseidon: PoseidonSettings | None = None,
@@ -90,6 +91,7 @@ class Harness:
             token_file=tokens,
             prune=prune,
             allow_empty=allow_empty,
+            allow_shrink=allow_shrink,
             poseidon=poseidon or PoseidonSettings(),
             access_log=access_log,
         )

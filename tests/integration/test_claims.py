@@ -74,7 +74,7 @@ async def test_request_id_makes_a_claim_idempotent(harness: Harness, tmp_path):
     status, again = await harness.api(controller, "POST", CLAIMS, body)
     assert (status, again["runnerId"]) == (200, first[1]["runnerId"])
     write_pools(pools, pool_doc("py", idle=3, maxRunners=30), pool_doc("other", idle=1))
-    controller.load_pools()
+    await controller.load_pools()
     status, conflict = await harness.api(controller, "POST", "/v1/pools/default/other/claims", body)
     assert (status, conflict["error"]["code"]) == (409, "RequestIdConflict")
     # After a release the request ID answers with the reason, not with a new runner.

@@ -37,11 +37,11 @@ async def test_scale_up_and_down_follow_a_reload(harness: Harness, tmp_path):
     controller = await harness.start(pools)
     await harness.settled(controller)
     write_pools(pools, pool_doc("py", idle=6))
-    controller.load_pools()
+    await controller.load_pools()
     await harness.settled(controller)
     assert len(await harness.jobs(controller)) == 6
     write_pools(pools, pool_doc("py", idle=1))
-    controller.load_pools()
+    await controller.load_pools()
     await harness.settled(controller)
     live = [j for j in await harness.jobs(controller) if j["Status"] != "dead"]
     assert len(live) == 1
@@ -53,7 +53,7 @@ async def test_template_change_rolls_idle_runners_over(harness: Harness, tmp_pat
     await harness.settled(controller)
     old = {j["Meta"][META_TEMPLATE] for j in await harness.jobs(controller)}
     write_pools(pools, pool_doc("py", idle=3, runner={"image": "python:3.13-slim"}))
-    controller.load_pools()
+    await controller.load_pools()
     managed = controller.engine.pools["default/py"]
 
     async def rolled() -> bool:
@@ -95,10 +95,10 @@ async def test_invalid_reload_keeps_the_last_valid_version(harness: Harness, tmp
     await harness.settled(controller)
     broken = pool_doc("py", idle=-1)
     write_pools(pools, broken)
-    controller.load_pools()
+    await controller.load_pools()
     assert controller.engine.pools["default/py"].policy.desired_idle == 2
     pools.write_text("{not yaml: [")
-    controller.load_pools()
+    await controller.load_pools()
     assert "default/py" in controller.engine.pools
     await harness.settled(controller)
 
@@ -138,7 +138,7 @@ async def test_a_refused_update_keeps_the_last_valid_version_running(
     controller = await harness.start(pools)
     await harness.settled(controller)
     write_pools(pools, pool_doc("py", idle=3, **update))
-    controller.load_pools()
+    await controller.load_pools()
 
     async def refused() -> bool:
         await controller.engine.reconcile_namespace("default")
@@ -156,7 +156,7 @@ async def test_a_refused_update_keeps_the_last_valid_version_running(
     assert controller.engine.pools["default/py"].policy.desired_idle == 2
     # A valid version is taken again.
     write_pools(pools, pool_doc("py", idle=3))
-    controller.load_pools()
+    await controller.load_pools()
     await harness.settled(controller)
     view = controller.engine.pools["default/py"]
     assert view.refusal is None and view.policy.desired_idle == 3
@@ -166,7 +166,7 @@ async def test_a_refused_update_keeps_the_last_valid_version_running(
 async def test_removed_pool_follows_its_deletion_policy(harness: Harness, tmp_path, policy, left):
     pools, controller = await keep_and_gone(harness, tmp_path, policy, gone_idle=2)
     write_pools(pools, pool_doc("keep", idle=1))
-    controller.load_pools()
+    await controller.load_pools()
 
     async def done() -> bool:
         await controller.engine.reconcile_namespace("default")
@@ -202,7 +202,7 @@ async def test_drain_waits_for_claimed_runners_and_resumes_after_restart(
     status, claim = await harness.api(controller, "POST", "/v1/pools/default/gone/claims", {})
     assert status == 201, claim
     write_pools(pools, pool_doc("keep", idle=1))
-    controller.load_pools()
+    await controller.load_pools()
 
     async def only_claimed_left() -> bool:
         await controller.engine.reconcile_namespace("default")
@@ -281,7 +281,7 @@ async def test_orphan_after_a_drain_began_cancels_the_recorded_drain(harness: Ha
     status, claim = await harness.api(controller, "POST", "/v1/pools/default/gone/claims", {})
     assert status == 201, claim
     write_pools(pools, pool_doc("keep", idle=1))
-    controller.load_pools()
+    await controller.load_pools()
     await controller.engine.reconcile_namespace("default")
     assert any(path.startswith("poolkeeper/pools/") for path in harness.sim.variables("default"))
     # The operator's escape from a stuck drain: the policy becomes Orphan.
@@ -300,7 +300,7 @@ async def test_orphan_after_a_drain_began_cancels_the_recorded_drain(harness: Ha
 async def test_starts_while_nomad_is_unreachable_and_catches_up(harness: Harness, tmp_path):
     pools, controller = await keep_and_gone(harness, tmp_path, "Delete")
     write_pools(pools, pool_doc("keep", idle=1))
-    controller.load_pools()
+    await controller.load_pools()
     await controller.engine.reconcile_namespace("default")  # the drain record is written
     await harness.stop(controller)
     harness.sim.api_fault(kind="refuse", seconds=2.0)

@@ -36,7 +36,8 @@ def _unavailable(message: str) -> None:
 def kube_bin_dir(pytestconfig: pytest.Config) -> Path:
     """The folder with etcd, kube-apiserver and kubectl, built first if need be."""
     folder = kube_cluster.bin_dir()
-    if "KUBE_BIN_DIR" not in os.environ and shutil.which("go"):
+    can_build = kube_cluster.BUILD_SCRIPT.is_file() and shutil.which("go") is not None
+    if "KUBE_BIN_DIR" not in os.environ and can_build:
         capture = pytestconfig.pluginmanager.getplugin("capturemanager")
         with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
             try:
@@ -46,8 +47,8 @@ def kube_bin_dir(pytestconfig: pytest.Config) -> Path:
     missing = kube_cluster.missing_binaries(folder)
     if missing:
         _unavailable(
-            f"{', '.join(missing)} missing in {folder} and no Go to build them with "
-            "(scripts/build-kube.sh)"
+            f"{', '.join(missing)} missing in {folder}, and no Go or no scripts/build-kube.sh "
+            "to build them with"
         )
     return folder
 

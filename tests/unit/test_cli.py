@@ -1,9 +1,12 @@
+import argparse
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from controller.cli import main
+from controller.cli import build_parser, main
 from controller.errors import EXIT_USAGE
 
 
@@ -66,3 +69,32 @@ def test_log_format_and_access_log_are_options_of_both_controllers(command, caps
         main([command, "--pools", "x", "--log-format", "xml"])
     assert exit_info.value.code == EXIT_USAGE
     assert "invalid choice: 'xml'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--max-removed-share", "1.5"], "--max-removed-share 1.5 is not between 0 and 1"),
+        (
+            ["--max-pools", "1"],
+            "{pools}: more than 1 pool documents, over the limit of 1 (--max-pools)",
+        ),
+    ],
+)
+def test_pool_file_guards_that_do_not_fit_are_usage_errors(tmp_path, capsys, options, message):
+    pools = tmp_path / "pools.yaml"
+    pools.write_text("metadata: {name: a}\n---\nmetadata: {name: b}\n")
+    code = main(["run", "--pools", str(pools), "--insecure-no-auth", *options])
+    assert code == EXIT_USAGE
+    assert capsys.readouterr().err == f"poolkeeper run: {message.format(pools=pools)}\n"
+
+
+@pytest.mark.parametrize("command", ["run", "validate", "operator", "sim", "status"])
+def test_the_reference_documents_every_flag(command):
+    reference = (Path(__file__).resolve().parents[2] / "docs" / "reference.md").read_text()
+    section = reference.split(f"### `poolkeeper {command}`\n")[1].split("\n### ")[0]
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    parser = commands.choices[command]
+    flags = {f for action in parser._actions for f in action.option_strings if f.startswith("--")}
+    missing = [f for f in flags - {"--help"} if not re.search(rf"{f}(?![\w-])", section)]
+    assert sorted(missing) == []

@@ -11,12 +11,15 @@ import pytest
 
 from controller.model import RunnerPool
 from controller.sources.files import (
+    MAX_DEPTH,
     ConfigError,
+    LimitExceeded,
+    LoadLimits,
     LoadResult,
     PoolFileError,
     load_pools,
 )
-from controller.sources.reload import reload
+from controller.sources.reload import RemovalGuard, reload, summary
 from tests.support.documents import pool_doc
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "pools.yaml"
@@ -256,3 +259,167 @@ def test_pool_removed_when_every_document_is_attributed(tmp_path: Path) -> None:
     outcome = reload(previous, result)
     assert outcome.removed == ["default/b"]
     assert list(outcome.pools) == ["default/a"]
+
+
+def test_a_refused_pool_is_named_in_the_summary_with_its_reason(tmp_path: Path) -> None:
+    # A new pool that was never valid is refused as much as a new version of a running one.
+    old = parse("a")
+    file = write(
+        tmp_path / "p.yaml",
+        pool_yaml("a", extra="  nomad: {jobPrefix: moved-}\n"),
+        pool_yaml("b", idle=-1),
+        pool_yaml("c"),
+    )
+    line = summary(reload(previous_of(old), load_pools(file)))
+    assert line == (
+        "added default/c; refused "
+        "default/a (spec.nomad.jobPrefix ('a-' cannot become 'moved-'): immutable; the "
+        "previous version keeps running. Delete and re-create the pool to move it.), "
+        f"default/b ({file}:1: spec.idleRunners: input should be greater than or equal to 0)"
+    )
+
+
+# --- what one reload may remove ------------------------------------------------------------
+
+
+def running(*names: str) -> dict[str, RunnerPool]:
+    return previous_of(*(parse(name) for name in names))
+
+
+def loaded(tmp_path: Path, *names: str) -> LoadResult:
+    return load_pools(write(tmp_path / "p.yaml", *(pool_yaml(name) for name in names)))
+
+
+@pytest.mark.parametrize(
+    ("guard", "left", "refusal"),
+    [
+        (
+            RemovalGuard(),
+            ["a", "b", "c", "d"],
+            "would remove 3 of 4 pools (default/b, default/c, default/d), more than "
+            "--max-removed-share 0.5; pass --allow-shrink to remove them",
+        ),
+        (RemovalGuard(allow_shrink=True), ["a"], None),
+        (RemovalGuard(allow_empty=True), ["a", "b", "c", "d"], "would remove 3 of 4 pools"),
+        (RemovalGuard(max_removed_share=0.75), ["a"], None),
+    ],
+)
+def test_a_reload_removing_more_than_the_share_changes_nothing(
+    tmp_path: Path, guard: RemovalGuard, left: list[str], refusal: str | None
+) -> None:
+    # What a file truncated after its first document looks like.
+    outcome = reload(running("a", "b", "c", "d"), loaded(tmp_path, "a"), guard)
+    assert list(outcome.pools) == [f"default/{name}" for name in left]
+    if refusal is None:
+        assert outcome.guard_refusal is None
+    else:
+        assert outcome.guard_refusal is not None and outcome.guard_refusal.startswith(refusal)
+        assert outcome.removed == outcome.added == outcome.updated == []
+
+
+def test_removing_up_to_the_share_is_taken(tmp_path: Path) -> None:
+    outcome = reload(running("a", "b", "c", "d"), loaded(tmp_path, "a", "b", "new"))
+    assert outcome.guard_refusal is None
+    assert outcome.removed == ["default/c", "default/d"] and outcome.added == ["default/new"]
+    guard = RemovalGuard(max_removed_share=0.25)
+    refused = reload(running("a", "b", "c", "d"), loaded(tmp_path, "a", "b", "new"), guard)
+    assert refused.guard_refusal is not None and "2 of 4" in refused.guard_refusal
+
+
+@pytest.mark.parametrize(
+    ("guard", "refused"),
+    [
+        (RemovalGuard(), True),
+        # --allow-shrink is about files that still define pools: an empty one is refused.
+        (RemovalGuard(allow_shrink=True), True),
+        (RemovalGuard(allow_empty=True), False),
+    ],
+)
+def test_an_empty_load_removes_every_pool_only_with_allow_empty(
+    tmp_path: Path, guard: RemovalGuard, refused: bool
+) -> None:
+    outcome = reload(running("a", "b"), loaded(tmp_path), guard)
+    if refused:
+        assert outcome.guard_refusal == "defines no pool; pass --allow-empty to remove every pool"
+        assert list(outcome.pools) == ["default/a", "default/b"]
+    else:
+        assert outcome.guard_refusal is None and outcome.removed == ["default/a", "default/b"]
+
+
+def test_the_first_load_is_never_guarded(tmp_path: Path) -> None:
+    assert reload({}, loaded(tmp_path)).guard_refusal is None
+
+
+# --- limits --------------------------------------------------------------------------------
+
+
+def laughs(levels: int) -> str:
+    """A pool whose jobTemplate holds 9**levels strings written in a few hundred bytes."""
+    lines = ['      l0: &l0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    lines += [f"      l{n}: &l{n} [{', '.join([f'*l{n - 1}'] * 9)}]" for n in range(1, levels + 1)]
+    return pool_yaml("laughs", extra="  nomad:\n    jobTemplate:\n" + "\n".join(lines) + "\n")
+
+
+def test_an_alias_fan_out_is_refused_while_it_is_parsed(tmp_path: Path) -> None:
+    file = write(tmp_path / "p.yaml", pool_yaml("a"), laughs(9))  # 387,420,489 strings
+    with pytest.raises(LimitExceeded) as refused:
+        load_pools(file, LoadLimits(max_nodes=10_000))
+    # Refused at the first alias of l4 (line 20): its 7,381 nodes take the count over.
+    assert str(refused.value) == (
+        f"{file}:1: 15722 YAML nodes by line 20, column 16 (an alias counts as the nodes it "
+        "expands to), over the limit of 10000 (--max-pools-nodes)"
+    )
+
+
+def test_an_alias_counts_as_the_nodes_it_expands_to(tmp_path: Path) -> None:
+    env = "{A: '1', B: '2'}"
+    runner = f"  runner: {{image: 'python:3.12', env: &env {env}}}\n"
+    aliased = pool_yaml("a", extra="  nomad: {jobTemplate: {Meta: *env}}\n")
+    written_out = pool_yaml("a", extra=f"  nomad: {{jobTemplate: {{Meta: {env}}}}}\n")
+    for document in (aliased, written_out):
+        file = write(tmp_path / "p.yaml", document.replace(pool_yaml("a")[-33:], runner))
+        (pool,) = load_pools(file, LoadLimits(max_nodes=33)).pools
+        assert pool.spec.nomad.job_template == {"Meta": {"A": "1", "B": "2"}}
+        with pytest.raises(LimitExceeded) as refused:
+            load_pools(file, LoadLimits(max_nodes=32))
+        assert str(refused.value).startswith(f"{file}:0: 33 YAML nodes by line 8, column 1 ")
+
+
+def test_the_files_bytes_are_counted_together_before_parsing(tmp_path: Path) -> None:
+    write(tmp_path / "a.yaml", pool_yaml("a"))
+    write(tmp_path / "b.yaml", pool_yaml("b"))
+    size = sum(f.stat().st_size for f in tmp_path.iterdir())
+    assert keys(load_pools(tmp_path, LoadLimits(max_bytes=size))) == ["default/a", "default/b"]
+    with pytest.raises(LimitExceeded) as refused:
+        load_pools(tmp_path, LoadLimits(max_bytes=size - 1))
+    assert str(refused.value) == (
+        f"{tmp_path}: {size} bytes of pool files, over the limit of {size - 1} (--max-pools-bytes)"
+    )
+
+
+def test_more_pool_documents_than_the_limit_are_refused(tmp_path: Path) -> None:
+    file = write(tmp_path / "p.yaml", pool_yaml("a"), pool_yaml("b"), "", pool_yaml("c", idle=-1))
+    assert len(load_pools(file, LoadLimits(max_pools=3)).locations) == 3
+    with pytest.raises(LimitExceeded) as refused:
+        load_pools(file, LoadLimits(max_pools=2))
+    assert str(refused.value) == (
+        f"{file}: more than 2 pool documents, over the limit of 2 (--max-pools)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("spec: " + "[" * 5000 + "]" * 5000 + "\n", f"nested deeper than {MAX_DEPTH} levels"),
+        ("spec: &loop [a, *loop]\n", "an alias inside the node it names (line 8, column 17)"),
+    ],
+)
+def test_documents_no_pool_can_be_are_syntax_errors_of_their_file(
+    tmp_path: Path, text: str, problem: str
+) -> None:
+    file = write(tmp_path / "p.yaml", pool_yaml("a"), text)
+    result = load_pools(file)
+    assert result.pools == [] and not result.complete
+    (error,) = result.errors
+    assert (error.document, error.key) == (1, None)
+    assert error.message.startswith(f"YAML syntax error: {problem}")

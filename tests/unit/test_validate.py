@@ -60,3 +60,42 @@ def test_a_missing_path_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> 
     assert capsys.readouterr().err == (
         "poolkeeper validate: --pools /nonexistent/pools: no such file or folder\n"
     )
+
+
+@pytest.mark.parametrize("where", ["empty.yaml", "only-comments.yaml", "folder"])
+def test_files_that_define_no_pool_fail(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    (tmp_path / "empty.yaml").write_text("")
+    (tmp_path / "only-comments.yaml").write_text("# the pools moved\n---\n")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "README.md").write_text("no pools here\n")
+    path = tmp_path / where
+    assert main(["validate", "--pools", str(path)]) == 2
+    assert capsys.readouterr() == (f"{path}: defines no pool\n", "0 valid pools, 1 problems\n")
+
+
+def test_the_limits_of_run_apply(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    file = tmp_path / "p.yaml"
+    file.write_text(yaml.safe_dump_all([pool("a"), pool("b")]))
+    assert main(["validate", "--pools", str(file), "--max-pools", "2"]) == 0
+    capsys.readouterr()
+    assert main(["validate", "--pools", str(file), "--max-pools", "1"]) == 2
+    assert capsys.readouterr() == (
+        "",
+        f"poolkeeper validate: {file}: more than 1 pool documents, over the limit of 1 "
+        "(--max-pools)\n",
+    )
+    file.write_text("a: &a [x, x, x]\nb: &b [*a, *a, *a]\nc: [*b, *b, *b]\n")
+    assert main(["validate", "--pools", str(file), "--max-pools-nodes", "20"]) == 2
+    assert capsys.readouterr().err == (
+        f"poolkeeper validate: {file}:0: 33 YAML nodes by line 3, column 5 (an alias counts "
+        "as the nodes it expands to), over the limit of 20 (--max-pools-nodes)\n"
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        main(["validate", "--pools", str(file), "--max-pools-bytes", "0"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        "poolkeeper validate: error: argument --max-pools-bytes: '0' is not a positive whole "
+        "number\n"
+    )
