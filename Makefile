@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-fast lint demo clean helm promtool
+.PHONY: venv test test-fast lint demo clean helm promtool kube
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -28,11 +28,16 @@ helm:
 promtool:
 	scripts/fetch-promtool.sh || echo "make promtool: going on without promtool" >&2
 
-test: lint helm promtool
+# The operator's tests run against a real kube-apiserver, etcd and kubectl, built from their
+# Go modules (tools/kube, scripts/build-kube.sh): minutes the first time, a no-op after.
+kube:
+	scripts/build-kube.sh
+
+test: lint helm promtool kube
 	$(BIN)/pytest -q
 
 # What a change needs first: lint and every test not marked slow (pyproject.toml's markers).
-test-fast: lint helm promtool
+test-fast: lint helm promtool kube
 	$(BIN)/pytest -q -m "not slow"
 
 demo: $(STAMP)

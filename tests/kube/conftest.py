@@ -46,10 +46,12 @@ def kube_bin_dir(pytestconfig: pytest.Config) -> Path:
                 pytest.fail(f"scripts/build-kube.sh failed ({error.returncode})", pytrace=False)
     missing = kube_cluster.missing_binaries(folder)
     if missing:
-        _unavailable(
-            f"{', '.join(missing)} missing in {folder}, and no Go or no scripts/build-kube.sh "
-            "to build them with"
+        why = (
+            "(KUBE_BIN_DIR)"
+            if "KUBE_BIN_DIR" in os.environ
+            else "and no Go or no scripts/build-kube.sh to build them with"
         )
+        _unavailable(f"{', '.join(missing)} missing in {folder} {why}")
     return folder
 
 
