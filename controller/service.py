@@ -107,6 +107,7 @@ class Service:
             identity=self.identity(),
             lease_ttl_seconds=settings.lease_ttl_seconds,
             store=store,
+            watcher=self.sessions.watch,
         )
         self.doorbell = Doorbell(self.client, home, replica_segment(self.identity()), clock)
         self.directory = EngineDirectory(self.engine, ring=self._ring_claims)

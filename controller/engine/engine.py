@@ -33,7 +33,7 @@ from controller.engine.registry import PoolRegistry, PoolView
 from controller.engine.scheduler import Scheduler
 from controller.metrics import Metrics
 from controller.model import RunnerPool
-from controller.nomad.port import NomadPort
+from controller.nomad.port import NomadPort, VariableWatch
 
 Clock = Callable[[], datetime]
 
@@ -87,6 +87,7 @@ class Engine:
         identity: str | None = None,
         lease_ttl_seconds: float = DEFAULT_TTL_SECONDS,
         store: ClaimStore | None = None,
+        watcher: VariableWatch | None = None,
     ) -> None:
         """With an `identity`, every pool is written only while this
         process holds its lease (core/leases.py); without one, this process writes every
@@ -106,6 +107,7 @@ class Engine:
                 on_event,
                 ttl_seconds=lease_ttl_seconds,
                 on_change=self._lease_changed,
+                watcher=watcher,
             )
             if identity is not None
             else None

@@ -31,7 +31,7 @@ from controller.core.leases import (
 )
 from controller.core.times import utcnow
 from controller.nomad.errors import NomadError
-from controller.nomad.port import Locks, LockTerms
+from controller.nomad.port import Locks, LockTerms, VariableWatch
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +71,12 @@ class Leases:
         ttl_seconds: float,
         on_change: Callable[[str], None],
         monotonic: Callable[[], float] = time.monotonic,
+        watcher: VariableWatch | None = None,
     ) -> None:
+        """`watcher` makes the blocking reads of leases held elsewhere (a session whose
+        connections may wait; the port's by default)."""
         self._port = port
+        self._watcher: VariableWatch = watcher or port
         self.identity = identity
         self._events = events
         self.ttl = ttl_seconds
@@ -192,7 +196,7 @@ class Leases:
     async def _wait_for_change(self, lease: _Lease) -> bool:
         """Block (at most TTL/3) until the lease variable changes; whether it did."""
         try:
-            variable, index = await self._port.wait_variable(
+            variable, index = await self._watcher.wait_variable(
                 lease.path, lease.namespace, lease.seen_index, self.ttl / 3
             )
         except NomadError as error:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from controller.core.leases import (
     lease_path,
     takeover_seconds,
 )
+from controller.core.times import utcnow
 from controller.engine.leases import Leases
 from controller.nomad.errors import NomadUnavailable
 from controller.nomad.port import LockTerms
@@ -278,3 +280,39 @@ async def test_asking_whether_another_process_holds_a_lease_gives_a_free_one_bac
     assert not await leases.held_elsewhere(KEY, "default", take=True)  # kept, to drain it
     assert leases.holds(KEY) and port.items[path]["specHash"] == ""
     assert [e.kind for e in events] == [EventKind.LEASE_ACQUIRED]
+
+
+class Watcher:
+    """Blocking reads on a session of their own: records what it was asked to wait on."""
+
+    def __init__(self, port: FakeLocks) -> None:
+        self.port = port
+        self.waited: list[str] = []
+
+    async def wait_variable(
+        self, path: str, namespace: str, index: int, wait_seconds: float
+    ) -> tuple[dict[str, Any] | None, int]:
+        self.waited.append(path)
+        return await self.port.read_variable(path, namespace), index + 1
+
+
+async def test_a_lease_held_elsewhere_is_watched_on_the_watch_session() -> None:
+    """The blocking reads of leases held elsewhere hold their connection for TTL/3: on the
+    API session's 16 connections, twenty such pools would starve passes and claims."""
+    port = FakeLocks()
+    port.held[lease_path(KEY)] = "theirs"
+    port.items[lease_path(KEY)] = LeaseItems.taken("other/1", "s", utcnow()).to_items()
+    watcher = Watcher(port)
+    leases = Leases(
+        port, "me/1", lambda _: None, ttl_seconds=TTL, on_change=lambda _: None, watcher=watcher
+    )
+    leases.want(KEY, "default", "s")
+    leases.start()
+    try:
+        for _ in range(100):
+            if watcher.waited:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        await leases.stop(release=False)
+    assert watcher.waited == [lease_path(KEY)] * len(watcher.waited) and watcher.waited
