@@ -9,7 +9,6 @@ to `tar -x` as the exec's stdin.
 from __future__ import annotations
 
 import base64
-import binascii
 import io
 import posixpath
 import tarfile
@@ -75,7 +74,7 @@ def build_archive(directories: Sequence[RunnerPath], files: Sequence[UploadedFil
         for index, uploaded in enumerate(files):
             try:
                 data = base64.b64decode(uploaded.content, validate=True)
-            except binascii.Error:
+            except ValueError:  # binascii.Error, or a character that is not ASCII
                 raise InvalidValue(f"files[{index}].content: not standard base64") from None
             entry = tarfile.TarInfo(uploaded.path.shown)
             entry.size, entry.mode, entry.mtime = len(data), uploaded.mode, now

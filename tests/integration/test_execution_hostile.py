@@ -117,6 +117,8 @@ BAD_UPLOADS = [
     b'{"files": [{"path": "a"}]}',
     b'{"files": [{"path": "a", "content": "!!!"}]}',
     b'{"files": [{"path": "a", "content": "YQ"}]}',
+    b'{"files": [{"path": "a", "content": "YWJj\\u00e9"}]}',  # base64 has no non-ASCII
+    '{"files": [{"path": "a", "content": "éééé"}]}'.encode(),
     b'{"files": [{"path": "a", "content": "YQ==", "mode": "999"}]}',
     b'{"files": [{"path": "a", "content": "YQ==", "mode": "4755"}]}',
     b'{"files": [{"path": "a", "content": "YQ==", "mode": 644}]}',

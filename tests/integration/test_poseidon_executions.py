@@ -332,6 +332,11 @@ async def test_bad_input_on_runner_routes_is_answered_as_poseidon_answers_it(
         400,
         b'{"message":"illegal base64 data at input byte 4"}',
     )
+    not_ascii = await session.copy(copy=[{"path": "a.py", "content": "aGk\u00e9"}])
+    assert (not_ascii.status, not_ascii.body) == (
+        400,
+        b'{"message":"illegal base64 data at input byte 3"}',
+    )
     escaping = await session.copy(copy=[{"path": "../outside.py", "content": ""}])
     assert (
         escaping.status == 400
