@@ -24,6 +24,9 @@ BODY_READ_TIMEOUT_SECONDS = 30.0
 # paths, modes and the JSON around them.
 JSON_UPLOAD_SLACK = 1024 * 1024
 CLIENT_FRAME_LIMIT = 1024 * 1024  # bytes of one client frame
+# Set on a request whose client went away while its answer was being sent (the access
+# log's 499): the status line had gone out already.
+CLIENT_GONE: web.RequestKey[bool] = web.RequestKey("client_gone", bool)
 
 
 async def read_stream(request: web.Request, limit: int, write: Callable[[bytes], object]) -> None:
@@ -145,19 +148,21 @@ class StreamFrames:
 async def send_download(
     request: web.Request, download: Download, headers: dict[str, str] | None = None
 ) -> web.StreamResponse:
-    """A started download as the response: `Content-Length` and the bytes."""
+    """A started download as the response: `Content-Length` and the bytes. A client that
+    goes away meanwhile leaves the download unfinished (CLIENT_GONE)."""
     response = web.StreamResponse(
         headers={"Content-Type": "application/octet-stream", **(headers or {})}
     )
     response.content_length = download.size
-    await response.prepare(request)
     try:
+        await response.prepare(request)
         async for chunk in download.chunks():
             await response.write(chunk)
+        await response.write_eof()
     except ServiceError:
         # The status is sent: the one way left to say the body is wrong is to cut it.
         if request.transport is not None:
             request.transport.abort()
-        return response
-    await response.write_eof()
+    except ConnectionError:
+        request[CLIENT_GONE] = True
     return response

@@ -4,7 +4,9 @@ through a standalone controller, on a simulator whose runner tasks have real dir
 from __future__ import annotations
 
 import base64
+import logging
 import os
+import secrets
 import tarfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,7 +21,14 @@ from tests.support.tars import directory, file, hardlink, member, symlink, tar_o
 from tests.support.waiting import wait_until
 
 from .conftest import TOKEN, Harness, write_pools
-from .executions_support import Runner, claimed_runner
+from .executions_support import (
+    Runner,
+    abandon_download,
+    access_log,
+    assert_one_quiet_line,
+    claimed_runner,
+    readers_of,
+)
 
 BINARY = bytes(range(256)) * 257 + b"\x00\xff end"  # every byte value, not UTF-8
 
@@ -217,3 +226,21 @@ async def test_file_requests_are_activity(runner: Runner) -> None:
     await wait_until(expiry_moved, what="a file request to move expiresAt")
     _, metrics = await runner.harness.api(runner.controller, "GET", "/metrics", token=None)
     assert 'poolkeeper_file_requests_total{op="list",pool="default/py",result="ok"}' in metrics
+
+
+async def test_an_abandoned_download_ends_its_command_quietly(
+    harness: Harness, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    pools = write_pools(tmp_path / "pools.yaml", pool_doc("py", idle=1))
+    runner = await claimed_runner(harness, await harness.start(pools, access_log=True))
+    name = f"big-{secrets.token_hex(6)}.bin"
+    with (runner.task_dir() / name).open("wb") as big:
+        big.truncate(4 * 1024**3)  # sparse: more than a test would ever read
+    caplog.set_level(logging.INFO)
+    url = runner.controller.url + runner.path + "/files/content"
+    await abandon_download(url, {"Authorization": f"Bearer {TOKEN}"}, name)
+
+    await wait_until(lambda: not readers_of(name), within=10, what="the download's cat to end")
+    await wait_until(lambda: bool(access_log(caplog)), what="the download's access-log line")
+    assert access_log(caplog) == [("/v1/runners/{runnerId}/files/content", 499)]
+    assert_one_quiet_line(caplog, runner.id)

@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import os
 import pwd
+import secrets
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -31,7 +33,14 @@ from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
 from .conftest import TOKEN, FakeClock, Harness, write_pools
-from .executions_support import Stream, gone
+from .executions_support import (
+    Stream,
+    abandon_download,
+    access_log,
+    assert_one_quiet_line,
+    gone,
+    readers_of,
+)
 from .test_poseidon import (
     MANAGED,
     NO_RUNNER,
@@ -512,3 +521,22 @@ async def test_any_path_to_list_or_download_is_a_listing_a_file_or_424(
     assert raw.status in (200, 424), raw
     if raw.status == 424:
         assert raw.body == NO_FILE
+
+
+async def test_an_abandoned_raw_download_ends_its_command_quietly(
+    harness: Harness, tmp_path: Path, http, caplog: pytest.LogCaptureFixture
+) -> None:
+    pool = environment_pool("python", 10, 1)
+    controller = await start(harness, tmp_path, pool, access_log=True)
+    session = await Session.claim(CodeOcean(http, controller), 10)
+    name = f"big-{secrets.token_hex(6)}.bin"
+    with (task_dir(harness, session.runner_id) / name).open("wb") as big:
+        big.truncate(4 * 1024**3)  # sparse: more than a test would ever read
+    caplog.set_level(logging.INFO)
+    url = f"{controller.url}/api/v1{session.path}/files/raw"
+    await abandon_download(url, {"Poseidon-Token": TOKEN}, name)
+
+    await wait_until(lambda: not readers_of(name), within=10, what="the download's cat to end")
+    await wait_until(lambda: bool(access_log(caplog)), what="the download's access-log line")
+    assert access_log(caplog) == [("/api/v1/runners/{runnerId}/files/raw", 499)]
+    assert_one_quiet_line(caplog, session.runner_id)
