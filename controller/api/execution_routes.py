@@ -28,7 +28,13 @@ from controller.api.route import NOT_CLAIMED, RUNNER_GONE, Route, runner_in_scop
 from controller.errors import ErrorCode, ServiceError
 from controller.executions.archives import Spool
 from controller.executions.files import FileOperations
-from controller.executions.manager import Ending, Execution, ExecutionManager, Outcome
+from controller.executions.manager import (
+    MAX_WAITING_PER_RUNNER,
+    Ending,
+    Execution,
+    ExecutionManager,
+    Outcome,
+)
 from controller.executions.streaming import (
     StreamFrames,
     json_upload_limit,
@@ -161,8 +167,10 @@ EXECUTION_ROUTES: tuple[Route, ...] = (
             201: ("created: open its stream to run it", ExecutionCreated),
             200: ("wait: the command ran", ExecutionResult),
         },
-        errors={**EXEC_ERRORS, 409: "wait: maxConcurrent executions run already "
-                "(TooManyExecutions)", 413: "body too large"},
+        errors={**EXEC_ERRORS, 409: "wait: maxConcurrent executions run already; "
+                f"streamed: {MAX_WAITING_PER_RUNNER} created ones wait to be opened "
+                "(TooManyExecutions)",
+                413: "body too large"},
     ),
     Route(
         "GET", RUNNER + "/executions/{executionId}/stream", "streamExecution",

@@ -24,6 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from controller.core.times import parse_time
+from controller.executions.manager import MAX_WAITING_PER_RUNNER
 from controller.lab.simulator import Simulator
 from controller.nomad.jobs import TASK_NAME
 from controller.standalone import Controller
@@ -540,3 +541,33 @@ async def test_an_abandoned_raw_download_ends_its_command_quietly(
     await wait_until(lambda: bool(access_log(caplog)), what="the download's access-log line")
     assert access_log(caplog) == [("/api/v1/runners/{runnerId}/files/raw", 499)]
     assert_one_quiet_line(caplog, session.runner_id)
+
+
+@pytest.mark.parametrize("end", ["release", "expiry", "loss"])
+async def test_stored_executions_are_bounded_and_forgotten_when_the_claim_ends(
+    harness: Harness, tmp_path: Path, http, end: str
+) -> None:
+    clock = FakeClock()
+    controller = await start(harness, tmp_path, environment_pool("python", 10, 1), clock=clock)
+    codeocean = CodeOcean(http, controller)
+    session = await Session.claim(codeocean, 10, inactivity=30)
+    command = "echo " + "x" * 60_000
+    for _ in range(MAX_WAITING_PER_RUNNER):
+        assert (await session.execute(command)).status == 200
+    refused = await session.execute(command)
+    assert refused.status == 400, refused
+    assert f"{MAX_WAITING_PER_RUNNER} executions waiting" in refused.json()["message"]
+    manager = controller.executions
+    assert manager.waiting(session.runner_id) == MAX_WAITING_PER_RUNNER
+
+    if end == "release":
+        assert (await codeocean.call("DELETE", session.path)).status == 204
+    elif end == "expiry":
+        clock.advance(31)
+        await controller.engine.reconcile_namespace("default")  # the holder expires it
+    else:
+        claim = harness.sim.variables("default")[f"poolkeeper/claims/{session.runner_id}"]
+        await harness.sim.oom_restart(claim["Items"]["allocationId"])
+    await wait_until(
+        lambda: manager.waiting(session.runner_id) == 0, what=f"the {end} to forget them"
+    )
