@@ -23,6 +23,7 @@ from controller.nomad.errors import (
     NomadPermissionDenied,
     NomadUnavailable,
 )
+from controller.nomad.exec import ExecRefused
 from tests.integration.fake_http import Loopback, multi_query
 from tests.support.ports import free_port
 
@@ -484,6 +485,33 @@ async def test_token_never_in_errors_or_logs(serve, make_client, caplog):
     assert caplog.records, "retries should have been logged"
     assert TOKEN not in caplog.text
     assert TOKEN not in repr(client)
+
+
+async def test_url_credentials_never_in_errors_or_logs(serve, make_client, caplog, monkeypatch):
+    caplog.set_level(logging.DEBUG)
+
+    async def leaky(_: web.Request) -> web.Response:
+        # A proxy in front of Nomad that names its upstream, credentials and all.
+        return text(500, "upstream https://admin:hunter2@nomad-internal:4646 refused")
+
+    fake = await serve({"GET /v1/jobs": leaky})
+    errors: list[BaseException] = []
+    with pytest.raises(NomadError) as info:
+        await make_client(fake.url).list_jobs("default")
+    errors.append(info.value)
+    # A forward proxy with credentials that does not answer.
+    monkeypatch.setenv("HTTP_PROXY", f"http://proxy-user:hunter2@127.0.0.1:{free_port()}")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    with pytest.raises(NomadUnavailable) as info:
+        await make_client("http://nomad.invalid:4646").leader()
+    errors.append(info.value)
+    errors.append(ExecRefused(1011, "dial https://admin:hunter2@10.0.0.1:4647: refused"))
+
+    assert "upstream https://<redacted>@nomad-internal:4646 refused" in str(errors[0])
+    for error in errors:
+        assert "hunter2" not in str(error), error
+    assert "hunter2" not in caplog.text
 
 
 # -- TLS -----------------------------------------------------------------------------------------
