@@ -92,6 +92,14 @@ _DOWNLOAD = _ENTER + (
 _TYPES = {"f": "file", "d": "directory", "l": "link"}
 
 
+# The paths runner_path takes, as JSON Schema patterns for the API documents: no NUL
+# and no `..` at all (runner_path takes one that stays inside: these are what it always
+# takes); BELOW_PATTERN also not the working directory or `/` itself. `[\s\S]`, not `.`:
+# names may hold line breaks.
+PATH_PATTERN = r"^(?![\s\S]*(?:^|/)\.\.(?:/|$))[^\u0000]+$"
+BELOW_PATTERN = r"^(?![\s\S]*(?:^|/)\.\.(?:/|$))(?=[\s\S]*[^./])[^\u0000]+$"
+
+
 class InvalidValue(ValueError):
     """A value of a request that cannot be run (the message says why)."""
 

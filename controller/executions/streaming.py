@@ -61,6 +61,19 @@ def json_upload_limit(max_upload_bytes: int) -> int:
     return max_upload_bytes // 3 * 4 + 4 + JSON_UPLOAD_SLACK
 
 
+# The headers of a WebSocket upgrade (RFC 6455), as both APIs' documents name them for
+# their stream routes: a request without them is 400.
+UPGRADE_HEADERS: list[dict[str, Any]] = [
+    {"name": name, "in": "header", "required": True, "schema": schema}
+    for name, schema in (
+        ("Connection", {"type": "string", "enum": ["Upgrade"]}),
+        ("Upgrade", {"type": "string", "enum": ["websocket"]}),
+        ("Sec-WebSocket-Version", {"type": "string", "enum": ["13"]}),
+        ("Sec-WebSocket-Key", {"type": "string", "pattern": "^[A-Za-z0-9+/]{21}[AQgw]==$"}),
+    )
+]
+
+
 def websocket_for(request: web.Request) -> web.WebSocketResponse:
     """The response of a stream route; 400 for a request that is no WebSocket upgrade."""
     ws = web.WebSocketResponse(max_msg_size=CLIENT_FRAME_LIMIT)
