@@ -26,6 +26,8 @@ from controller.api.auth import (
     parse_token_lines,
     read_token_file,
 )
+from controller.api.openapi import extended
+from controller.api.routes import OPENAPI_KEY
 from controller.claims.runners import RunnerClaims
 from controller.claims.service import ClaimService
 from controller.claims.store import ClaimStore
@@ -42,6 +44,7 @@ from controller.nomad.exec import NomadExec
 from controller.poseidon.app import create_poseidon_app
 from controller.poseidon.context import PREFIX as POSEIDON_PREFIX
 from controller.poseidon.context import EnvironmentMode, Poseidon, PoseidonSettings
+from controller.poseidon.openapi import openapi_part
 from controller.sources.environments import (
     EnvironmentInvalid,
     EnvironmentStore,
@@ -322,6 +325,7 @@ class ApiServer:
                 self.files,
             )
             app.add_subapp(POSEIDON_PREFIX + "/", create_poseidon_app(context))
+            app[OPENAPI_KEY] = extended(app[OPENAPI_KEY], openapi_part())
         self._runner = web.AppRunner(
             app, access_log=None, keepalive_timeout=HTTP_IDLE_TIMEOUT_SECONDS
         )

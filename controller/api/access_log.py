@@ -14,11 +14,14 @@ from typing import Final
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from controller.executions.streaming import CLIENT_GONE
+
 log = logging.getLogger(__name__)
 
 # A request that matched no route (404, 405): its path is not logged.
 UNMATCHED: Final = "(unmatched)"
-# The client closed the connection before the answer (nginx's convention).
+# The client closed the connection before the answer, or while a streamed answer was
+# being sent (nginx's convention).
 CLIENT_CLOSED: Final = 499
 # Polled by probes and scrapers every few seconds: logged at DEBUG, so that the
 # access log shows what clients do.
@@ -37,7 +40,7 @@ async def access_log(request: web.Request, handler: Handler) -> web.StreamRespon
     status = CLIENT_CLOSED  # unless an answer comes: only a cancel gets past the errors
     try:
         response = await handler(request)
-        status = response.status
+        status = CLIENT_CLOSED if request.get(CLIENT_GONE) else response.status
         return response
     except web.HTTPException as error:
         status = error.status

@@ -24,11 +24,18 @@ from controller.api.models import (
     FileList,
     FilesBody,
 )
-from controller.api.route import NOT_CLAIMED, RUNNER_GONE, Route, runner_in_scope
+from controller.api.route import NOT_CLAIMED, RUNNER_GONE, Query, Route, runner_in_scope
 from controller.errors import ErrorCode, ServiceError
 from controller.executions.archives import Spool
+from controller.executions.commands import BELOW_PATTERN, PATH_PATTERN
 from controller.executions.files import FileOperations
-from controller.executions.manager import Ending, Execution, ExecutionManager, Outcome
+from controller.executions.manager import (
+    MAX_WAITING_PER_RUNNER,
+    Ending,
+    Execution,
+    ExecutionManager,
+    Outcome,
+)
 from controller.executions.streaming import (
     StreamFrames,
     json_upload_limit,
@@ -42,6 +49,7 @@ EXECUTIONS_KEY: web.AppKey[ExecutionManager] = web.AppKey("executions", Executio
 FILES_KEY: web.AppKey[FileOperations] = web.AppKey("files", FileOperations)
 
 TAR = "application/x-tar"
+BOOLEANS = ("true", "false")
 
 
 # ---- executions --------------------------------------------------------------------------
@@ -123,7 +131,7 @@ async def put_files(request: web.Request) -> web.Response:
 async def list_files(request: web.Request) -> web.Response:
     runner_id = runner_in_scope(request)
     recursive = request.query.get("recursive", "true")
-    if recursive not in ("true", "false"):
+    if recursive not in BOOLEANS:
         raise ServiceError(ErrorCode.INVALID_REQUEST, "recursive: must be true or false")
     files = await request.app[FILES_KEY].listing(
         runner_id, request.query.get("path"), recursive == "true"
@@ -149,7 +157,9 @@ EXEC_ERRORS = {
     400: "invalid request, or a value the pool does not allow",
     502: "Nomad refused or broke the exec (ExecFailed; the message says why)",
 }
-FILE_QUERY = {"path": "relative: under the pool's workingDir (default: it)"}
+FILE_QUERY = {
+    "path": Query("relative: under the pool's workingDir (default: it)", pattern=PATH_PATTERN)
+}
 
 EXECUTION_ROUTES: tuple[Route, ...] = (
     Route(
@@ -161,8 +171,10 @@ EXECUTION_ROUTES: tuple[Route, ...] = (
             201: ("created: open its stream to run it", ExecutionCreated),
             200: ("wait: the command ran", ExecutionResult),
         },
-        errors={**EXEC_ERRORS, 409: "wait: maxConcurrent executions run already "
-                "(TooManyExecutions)", 413: "body too large"},
+        errors={**EXEC_ERRORS, 409: "wait: maxConcurrent executions run already; "
+                f"streamed: {MAX_WAITING_PER_RUNNER} created ones wait to be opened "
+                "(TooManyExecutions)",
+                413: "body too large"},
     ),
     Route(
         "GET", RUNNER + "/executions/{executionId}/stream", "streamExecution",
@@ -182,20 +194,22 @@ EXECUTION_ROUTES: tuple[Route, ...] = (
         put_files,
         body=FilesBody,
         raw_body=TAR,
-        query={"path": "a tar body: where to extract it (default: the working dir)"},
+        query={"path": Query("a tar body: where to extract it (default: the working dir)",
+                             pattern=PATH_PATTERN)},
         responses={204: ("done", None)},
         errors={**EXEC_ERRORS, 413: "more than the pool's maxUploadBytes"},
     ),
     Route(
         "GET", RUNNER + "/files", "listFiles", "list files (recursively by default)", list_files,
-        query={**FILE_QUERY, "recursive": "true (default) or false"},
+        query={**FILE_QUERY, "recursive": Query("true (default) or false", values=BOOLEANS)},
         responses={200: ("the entries", FileList)},
         errors={**EXEC_ERRORS, 404: "no such path (FileNotFound), or " + NOT_CLAIMED},
     ),
     Route(
         "GET", RUNNER + "/files/content", "downloadFile", "a file's bytes, streamed",
         download_file,
-        query={"path": "the file; relative: under the pool's workingDir"},
+        query={"path": Query("the file; relative: under the pool's workingDir", required=True,
+                             pattern=BELOW_PATTERN)},
         responses={200: ("the bytes (application/octet-stream, Content-Length)", None)},
         errors={
             **EXEC_ERRORS, 404: "no such file (FileNotFound), or " + NOT_CLAIMED,

@@ -20,13 +20,17 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from controller.claims.service import MAX_WAIT_SECONDS, ClaimRequest
-from controller.executions.commands import ENV_NAME_PATTERN
+from controller.core.gojson import BASE64_PATTERN
+from controller.executions.commands import BELOW_PATTERN, ENV_NAME_PATTERN, PATH_PATTERN
 from controller.executions.files import MAX_DELETE_BYTES, Uploads
 from controller.executions.manager import ExecutionRequest
 from controller.model import INT32_MAX, MAX_PATH_LENGTH
 
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9_~-]{1,64}$"
-POOL_KEY_PATTERN = r"^[^/\s]{1,63}/[^/\s]{1,253}$"
+# No slash and no white space, spelled out: `\s` means other characters in pydantic's
+# (Rust's), Python's and JSON Schema's (ECMAScript's) regular expressions.
+_NAME = r"[^/\t\n\x0b\f\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]"
+POOL_KEY_PATTERN = rf"^{_NAME}{{1,63}}/{_NAME}{{1,253}}$"
 MAX_BATCH = 100
 MAX_POOLS = 10
 
@@ -50,7 +54,8 @@ class ClaimBody(_Body):
         description="makes the call idempotent: repeated, it answers the same claim (200); "
         "unique per Nomad namespace, remembered while the claim or its tombstone exists",
     )
-    wait_seconds: Annotated[StrictInt | StrictFloat, Field(ge=0, le=MAX_WAIT_SECONDS)] = Field(
+    # StrictFloat takes integers too (not booleans): one JSON Schema number.
+    wait_seconds: Annotated[StrictFloat, Field(ge=0, le=MAX_WAIT_SECONDS)] = Field(
         0, description="how long to wait for a runner when none is idle"
     )
     count: Annotated[StrictInt, Field(ge=1, le=MAX_BATCH)] | None = Field(
@@ -71,7 +76,10 @@ class PoolsClaimBody(ClaimBody):
     pools: Annotated[
         list[Annotated[StrictStr, Field(pattern=POOL_KEY_PATTERN)]],
         Field(min_length=1, max_length=MAX_POOLS),
-    ] = Field(description="<namespace>/<name> of each pool, in order of preference")
+    ] = Field(
+        description="<namespace>/<name> of each pool, in order of preference",
+        json_schema_extra={"uniqueItems": True},
+    )
 
     @field_validator("pools")
     @classmethod
@@ -153,19 +161,41 @@ def _utf8(value: str) -> str:
     return value
 
 
-Argument = Annotated[StrictStr, AfterValidator(_argument)]
+# The documents' patterns say what the validators check (`json_schema_extra`: pydantic's
+# own patterns would check them again, with another message).
+NO_NUL_PATTERN = r"^[^\u0000]*$"
+Argument = Annotated[
+    StrictStr, AfterValidator(_argument), Field(json_schema_extra={"pattern": NO_NUL_PATTERN})
+]
 Text = Annotated[StrictStr, AfterValidator(_utf8)]
-RunnerPathText = Annotated[Argument, Field(min_length=1, max_length=MAX_PATH_LENGTH)]
+# A path where something runs or is listed (the working directory itself included), and
+# one of something to write or delete (not the working directory or `/` itself).
+RunnerPathText = Annotated[
+    Argument,
+    Field(min_length=1, max_length=MAX_PATH_LENGTH, json_schema_extra={"pattern": PATH_PATTERN}),
+]
+BelowPathText = Annotated[
+    Argument,
+    Field(min_length=1, max_length=MAX_PATH_LENGTH, json_schema_extra={"pattern": BELOW_PATTERN}),
+]
+
+
+# An array command's program: not empty, and no `=` (with env, `env` would read it as a
+# variable: 400 then; the document says it of every array command).
+PROGRAM = {"type": "string", "minLength": 1, "pattern": r"^[^=\u0000]*$"}
 
 
 class ExecutionBody(_Body):
     """Run a command in the claimed runner's task."""
 
     command: (
-        Annotated[list[Argument], Field(min_length=1)] | Annotated[Argument, Field(min_length=1)]
+        Annotated[list[Argument], Field(min_length=1, json_schema_extra={"prefixItems": [PROGRAM]})]
+        | Annotated[Argument, Field(min_length=1)]
     ) = Field(description="an array runs as is; a string runs as /bin/sh -c")
     env: dict[Annotated[StrictStr, Field(pattern=ENV_NAME_PATTERN)], Argument] = Field(
-        default_factory=dict, description="variables for the command, passed as they are"
+        default_factory=dict,
+        description="variables for the command, passed as they are",
+        json_schema_extra={"additionalProperties": False},  # a name not of the pattern is 400
     )
     working_dir: RunnerPathText | None = Field(
         None, description="where it runs; relative: under the pool's workingDir"
@@ -219,18 +249,20 @@ class ExecutionResult(_Body):
 
 
 class FileUpload(_Body):
-    path: RunnerPathText
-    content: StrictStr = Field(description="standard base64")
+    path: BelowPathText
+    content: StrictStr = Field(
+        description="standard base64", json_schema_extra={"pattern": BASE64_PATTERN}
+    )
     mode: Annotated[StrictStr, Field(pattern=r"^0?[0-7]{3}$")] = "0644"
 
 
 class FilesBody(_Body):
     """Delete (recursively), then make directories, then write files (parents made)."""
 
-    delete: Annotated[list[RunnerPathText], Field(max_length=MAX_LISTED_PATHS)] = Field(
+    delete: Annotated[list[BelowPathText], Field(max_length=MAX_LISTED_PATHS)] = Field(
         default_factory=list
     )
-    directories: Annotated[list[RunnerPathText], Field(max_length=MAX_LISTED_PATHS)] = Field(
+    directories: Annotated[list[BelowPathText], Field(max_length=MAX_LISTED_PATHS)] = Field(
         default_factory=list
     )
     files: Annotated[list[FileUpload], Field(max_length=MAX_LISTED_PATHS)] = Field(

@@ -1,5 +1,6 @@
 """The OpenAPI 3.1 document of the HTTP API (served at /openapi.json), generated from the
-route table and the pydantic models."""
+route table and the pydantic models; with --poseidon-api, the Poseidon API's part
+(poseidon/openapi.py) is added to it (`extended`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from controller.api.models import ErrorBody
 from controller.api.route import Route
 from controller.api.routes import ROUTES
 from controller.core.runner_ids import RUNNER_ID_PATTERN
+from controller.executions.streaming import UPGRADE_HEADERS
 
 _REF = "#/components/schemas/{model}"
 # Every route that needs a token can also answer these.
@@ -66,14 +68,17 @@ def _operation(route: Route) -> dict[str, Any]:
     if not route.needs_token:
         operation["security"] = []
     if route.body is not None:
-        operation["requestBody"] = {"required": False, "content": _content(route.body)}
+        # An empty body is an empty object: required when that misses a field.
+        required = any(field.is_required() for field in route.body.model_fields.values())
+        operation["requestBody"] = {"required": required, "content": _content(route.body)}
         if route.raw_body is not None:
             raw = {"schema": {"type": "string", "format": "binary"}}
             operation["requestBody"]["content"][route.raw_body] = raw
-    parameters = _parameters(route.path) + [
-        {"name": name, "in": "query", "required": False, "description": description,
-         "schema": {"type": "string"}}
-        for name, description in route.query.items()
+    upgrade = UPGRADE_HEADERS if 101 in route.responses else []
+    parameters = _parameters(route.path) + upgrade + [
+        {"name": name, "in": "query", "required": query.required,
+         "description": query.description, "schema": query.schema()}
+        for name, query in route.query.items()
     ]  # fmt: skip
     if parameters:
         operation["parameters"] = parameters
@@ -93,4 +98,22 @@ def document() -> dict[str, Any]:
         },
         "security": [{"bearer": []}],
         "paths": paths,
+    }
+
+
+def extended(document: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
+    """`document` with another API's paths, schemas and security schemes (names that
+    are new: each API names its own)."""
+    components = document["components"]
+    return {
+        **document,
+        "paths": {**document["paths"], **part["paths"]},
+        "components": {
+            **components,
+            "schemas": {**components["schemas"], **part["components"]["schemas"]},
+            "securitySchemes": {
+                **components["securitySchemes"],
+                **part["components"]["securitySchemes"],
+            },
+        },
     }

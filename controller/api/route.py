@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel
@@ -33,6 +34,24 @@ def runner_in_scope(request: web.Request) -> str:
 
 
 @dataclass(frozen=True)
+class Query:
+    """A query parameter: a string, one of `values` or of `pattern` when given."""
+
+    description: str
+    required: bool = False
+    values: tuple[str, ...] = ()
+    pattern: str | None = None
+
+    def schema(self) -> dict[str, Any]:
+        if self.values:
+            return {"type": "string", "enum": list(self.values)}
+        schema: dict[str, Any] = {"type": "string"}
+        if self.pattern is not None:
+            schema["pattern"] = self.pattern
+        return schema
+
+
+@dataclass(frozen=True)
 class Route:
     method: str
     path: str
@@ -42,8 +61,7 @@ class Route:
     body: type[BaseModel] | None = None
     # A content type the route takes instead of `body`'s JSON (its bytes as they are).
     raw_body: str | None = None
-    # query parameter -> description (all strings)
-    query: dict[str, str] = field(default_factory=dict)
+    query: dict[str, Query] = field(default_factory=dict)
     # status -> (description, body model or None)
     responses: dict[int, tuple[str, type[BaseModel] | None]] = field(default_factory=dict)
     # status -> description; their body is the error object

@@ -9,9 +9,7 @@ to `tar -x` as the exec's stdin.
 from __future__ import annotations
 
 import base64
-import binascii
 import io
-import posixpath
 import tarfile
 import tempfile
 import time
@@ -26,6 +24,14 @@ READ_CHUNK = 256 * 1024
 # may run unprivileged), only a file's owner removes it.
 DIRECTORY_MODE = 0o1777
 _PRIVILEGE_BITS = 0o6000  # setuid, setgid: an unprivileged execution would gain the owner's
+# Links one path may go through (Linux's MAXSYMLINKS: past it the kernel gives up too).
+MAX_LINK_FOLLOWS = 40
+# Steps of resolving names an archive may take per member, on top of one a name in it:
+# an archive whose every member goes through deep chains of long links must not keep a
+# core busy for minutes.
+RESOLVING_STEPS_PER_MEMBER = 64
+LEAVES = "leaves the directory it is extracted into"
+LINKS_OUT = "links out of the directory it is extracted into"
 
 
 class Spool:
@@ -75,7 +81,7 @@ def build_archive(directories: Sequence[RunnerPath], files: Sequence[UploadedFil
         for index, uploaded in enumerate(files):
             try:
                 data = base64.b64decode(uploaded.content, validate=True)
-            except binascii.Error:
+            except ValueError:  # binascii.Error, or a character that is not ASCII
                 raise InvalidValue(f"files[{index}].content: not standard base64") from None
             entry = tarfile.TarInfo(uploaded.path.shown)
             entry.size, entry.mode, entry.mtime = len(data), uploaded.mode, now
@@ -85,37 +91,183 @@ def build_archive(directories: Sequence[RunnerPath], files: Sequence[UploadedFil
 
 
 def check_archive(spool: Spool) -> None:
-    """A client's archive, before anything of it is written: every member stays under
-    the directory it is extracted into (no absolute name, no `..` out of it, no link
-    pointing out of it), is a file, directory or link, and is not setuid or setgid.
-    InvalidValue names the first member that is not."""
+    """A client's archive, before anything of it is written: every member is a file,
+    directory or link, not setuid or setgid, has no absolute name and no `..` in its name
+    or hard link target (tar refuses those), and stays under the directory it is extracted
+    into as the extraction resolves it: through the links earlier members made, each
+    relative to its own directory (`Extraction`). InvalidValue names the first member
+    that does not."""
     spool.file.seek(0)
+    extraction = Extraction()
     try:
         with tarfile.open(fileobj=spool.file, mode="r:") as archive:
             for member in archive:
-                problem = _member_problem(member)
+                problem = _member_problem(member) or extraction.add(member)
                 if problem is not None:
                     raise InvalidValue(f"tar member {member.name[:200]!r} {problem}")
     except tarfile.TarError as error:
         raise InvalidValue(f"the body is not a tar archive ({error})") from None
+    leaving = extraction.leaving_link()
+    if leaving is not None:
+        raise InvalidValue(f"tar member {leaving[:200]!r} {LINKS_OUT}")
 
 
 def _member_problem(member: tarfile.TarInfo) -> str | None:
-    if _escapes(member.name):
-        return "leaves the directory it is extracted into"
     if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
         return "is not a file, directory or link"
     if member.mode & _PRIVILEGE_BITS:
         return "is setuid or setgid"
-    if member.issym() and _escapes(posixpath.join(posixpath.dirname(member.name), member.linkname)):
-        return "links out of the directory it is extracted into"
-    if member.islnk() and _escapes(member.linkname):
-        return "links out of the directory it is extracted into"
+    if member.name.startswith("/") or (member.islnk() and member.linkname.startswith("/")):
+        return LEAVES
+    if ".." in member.name.split("/") or (member.islnk() and ".." in member.linkname.split("/")):
+        return "has `..` in its name or link target, which tar refuses"
     return None
 
 
-def _escapes(name: str) -> bool:
-    if name.startswith("/"):
-        return True
-    normal = posixpath.normpath(name)
-    return normal == ".." or normal.startswith("../")
+class _Refused(Exception):
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+
+
+class _Node:
+    """A name under the extraction's directory at or below which an earlier member made
+    a symbolic link (names with no link below them need no node)."""
+
+    __slots__ = ("children", "link", "member", "parent")
+
+    def __init__(self, parent: _Node | None) -> None:
+        self.parent = parent
+        self.children: dict[str, _Node] = {}
+        self.link: str | None = None  # the target, as the link holds it
+        self.member = ""  # the member that made the link
+
+
+# Where a path has got to: the deepest node, and the names below it (which hold no link).
+_Place = tuple[_Node, list[str]]
+
+
+class Extraction:
+    """What extracting an archive member by member does to where its names lead, as tar
+    does it: a name goes through the symbolic links that earlier members made, each
+    relative to its own directory (through a link to a link, through `..`); a file or link
+    replaces a link of its name (tar removes it first), a directory may keep it (some tars
+    do). What the directory held before is not known here: names no member made are taken
+    as directories. A link whose target has `..` is made last by GNU tar, so nothing goes
+    through it within the archive: a member that would is refused too."""
+
+    def __init__(self) -> None:
+        self.root = _Node(None)
+        self.links: dict[_Node, None] = {}  # in the order they were made
+        self.steps_left = 0
+
+    def add(self, member: tarfile.TarInfo) -> str | None:
+        """Extract `member`: None, or why it is refused."""
+        names, link_names = _names(member.name), _names(member.linkname)
+        self.steps_left += len(names) + len(link_names) + RESOLVING_STEPS_PER_MEMBER
+        try:
+            if not names:
+                return None if member.isdir() else "names the directory it is extracted into"
+            node, below = self._resolve(names[:-1], (self.root, []), within_archive=True)
+            if member.isdir():
+                # A directory member over a link: some tars keep the link and go through it.
+                self._resolve(names[-1:], (node, below), within_archive=False)
+                return None
+            target = member.linkname if member.issym() else None
+            if member.islnk():  # a hard link to a symbolic link is that link again
+                source, source_below = self._resolve(
+                    link_names, (self.root, []), within_archive=True, last=False
+                )
+                target = None if source_below else source.link
+            self._place(node, [*below, names[-1]], target, member.name)
+            if target is not None:
+                self._resolve_link(target, node, below)
+        except _Refused as refused:
+            return refused.problem
+        return None
+
+    def leaving_link(self) -> str | None:
+        """The member that made a link that, as the extraction ends, leads out of the
+        directory (a later link may have moved where an earlier one leads)."""
+        for node in self.links:
+            if node.link is None or node.parent is None:  # replaced by a later member
+                continue
+            try:
+                self._resolve_link(node.link, node.parent, [])
+            except _Refused:
+                return node.member
+        return None
+
+    def _resolve_link(self, target: str, node: _Node, below: list[str]) -> None:
+        """Where a link in (`node`, `below`) to `target` leads: _Refused when out."""
+        try:
+            if target.startswith("/"):
+                raise _Refused(LEAVES)
+            self._resolve(_names(target), (node, below), within_archive=False)
+        except _Refused as refused:
+            raise _Refused(LINKS_OUT if refused.problem == LEAVES else refused.problem) from None
+
+    def _place(self, node: _Node, names: list[str], target: str | None, member: str) -> None:
+        """A file (`target` None) or a link at `names` below `node`."""
+        for name in names[:-1]:
+            node = node.children.setdefault(name, _Node(node))
+        if target is None:
+            existing = node.children.get(names[-1])
+            if existing is not None:
+                existing.link = None
+            return
+        link = node.children.setdefault(names[-1], _Node(node))
+        link.link, link.member = target, member
+        self.links[link] = None
+
+    def _resolve(
+        self,
+        names: list[str],
+        start: _Place,
+        *,
+        within_archive: bool,
+        last: bool = True,
+    ) -> _Place:
+        """Where `names` lead from `start`, following links (the last name's too, with
+        `last`). _Refused when that is out of the directory, through too many links, or
+        (`within_archive`: a member's own name) through a link made only at the end."""
+        node, below = start[0], list(start[1])
+        pending = names[::-1]
+        follows = 0
+        while pending:
+            self.steps_left -= 1
+            if self.steps_left < 0:
+                raise _Refused("goes through more links than an archive of its size may")
+            name = pending.pop()
+            if name == "..":
+                if below:
+                    below.pop()
+                elif node.parent is None:
+                    raise _Refused(LEAVES)
+                else:
+                    node = node.parent
+                continue
+            child = None if below else node.children.get(name)
+            if child is None:
+                below.append(name)
+                continue
+            if child.link is None or (not pending and not last):
+                node = child
+                continue
+            follows += 1
+            if follows > MAX_LINK_FOLLOWS:
+                raise _Refused(f"goes through more than {MAX_LINK_FOLLOWS} links")
+            if child.link.startswith("/"):
+                raise _Refused(LEAVES)
+            target = _names(child.link)
+            if within_archive and ".." in target:
+                raise _Refused(
+                    f"goes through the link {child.member[:200]!r}, which has `..` in its "
+                    "target: tar makes such links last"
+                )
+            pending.extend(reversed(target))
+        return node, below
+
+
+def _names(path: str) -> list[str]:
+    return [name for name in path.split("/") if name not in ("", ".")]

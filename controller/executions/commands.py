@@ -47,7 +47,7 @@ _ENTER = '[ -z "$1" ] || cd -- "$1" || exit 125; shift; '
 # $1 the directory (or ""), $2 the time limit in seconds, then the command's argv.
 _LAUNCH = 'printf "\\036%s\\036" "$$"; [ -z "$1" ] || cd -- "$1" || exit; shift; '
 _LAUNCH += 'exec timeout -s KILL "$@"'
-_KILL_GROUP = 'kill -s KILL -- "-$1"'
+_KILL = 'kill -s KILL -- "$1"'
 # Stderr apart from a terminal's output, through a FIFO $1: the command makes it (so it
 # may remove it), opens it once the reader (a second exec, whose output is the stderr)
 # has, removes it (nothing is left behind however either ends) and runs.
@@ -82,12 +82,22 @@ _LIST = _ENTER + (
 # name holds.
 _LIST_FIELDS = 8
 _LIST_FORMAT = "%y\\0%m\\0%s\\0%T@\\0%P\\0%l\\0%u\\0%g\\0"
-# $1 the working dir, $2 the file: its size on a line of its own, then its bytes.
+# $1 the working dir, $2 the file: a line of the PID of the `cat` that follows (`exec`
+# keeps the shell's) and the file's size, then its bytes.
 _DOWNLOAD = _ENTER + (
-    '[ -e "$1" ] || exit 3; [ -f "$1" ] || exit 4; stat -L -c %s -- "$1" || exit; exec cat -- "$1"'
+    '[ -e "$1" ] || exit 3; [ -f "$1" ] || exit 4; printf "%s " "$$"; '
+    'stat -L -c %s -- "$1" || exit; exec cat -- "$1"'
 )
 
 _TYPES = {"f": "file", "d": "directory", "l": "link"}
+
+
+# The paths runner_path takes, as JSON Schema patterns for the API documents: no NUL
+# and no `..` at all (runner_path takes one that stays inside: these are what it always
+# takes); BELOW_PATTERN also not the working directory or `/` itself. `[\s\S]`, not `.`:
+# names may hold line breaks.
+PATH_PATTERN = r"^(?![\s\S]*(?:^|/)\.\.(?:/|$))[^\u0000]+$"
+BELOW_PATTERN = r"^(?![\s\S]*(?:^|/)\.\.(?:/|$))(?=[\s\S]*[^./])[^\u0000]+$"
 
 
 class InvalidValue(ValueError):
@@ -179,9 +189,10 @@ def stderr_end_command(fifo: str) -> list[str]:
     return ["/bin/sh", "-c", _STDERR_END, LAUNCHER_NAME, fifo]
 
 
-def kill_command(pid: int) -> list[str]:
-    """SIGKILL to an execution's process group, from a second exec."""
-    return ["/bin/sh", "-c", _KILL_GROUP, LAUNCHER_NAME, str(pid)]
+def kill_command(pid: int, *, group: bool = True) -> list[str]:
+    """SIGKILL to an execution's process group (or, not `group`, to one process), from
+    a second exec."""
+    return ["/bin/sh", "-c", _KILL, LAUNCHER_NAME, f"-{pid}" if group else str(pid)]
 
 
 class PidMarker:
@@ -333,14 +344,15 @@ def _epoch_time(text: str) -> datetime:
     return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(seconds=whole, microseconds=micro)
 
 
-def parse_size_line(head: bytes) -> tuple[int, bytes] | None:
-    """A download's `<size>\\n` and the bytes after it; None while the line is incomplete.
-    ValueError for a line that is no size."""
+def parse_download_head(head: bytes) -> tuple[int, int, bytes] | None:
+    """A download's `<pid> <size>\\n`: the PID, the size and the bytes after the line;
+    None while the line is incomplete. ValueError for a line that is not that."""
     line, newline, rest = head.partition(b"\n")
     if not newline:
-        if len(head) > 32:
+        if len(head) > 64:
             raise ValueError("no size line")
         return None
-    if not line.isdigit():
-        raise ValueError(f"not a size: {line[:32]!r}")
-    return int(line), rest
+    pid, _, size = line.partition(b" ")
+    if not (pid.isdigit() and size.isdigit()):
+        raise ValueError(f"not a PID and a size: {line[:64]!r}")
+    return int(pid), int(size), rest

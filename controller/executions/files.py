@@ -32,9 +32,10 @@ from controller.executions.commands import (
     InvalidValue,
     RunnerPath,
     download_command,
+    kill_command,
     list_command,
+    parse_download_head,
     parse_listing,
-    parse_size_line,
     runner_path,
     upload_command,
 )
@@ -51,6 +52,7 @@ LISTING_LIMIT = 16 * 1024 * 1024  # bytes of `find` output
 STDERR_LIMIT = 4096  # of a failed command, for the error message
 FIND_PARTIAL = 1  # find's exit code when some entries could not be read
 MAX_DELETE_BYTES = 64 * 1024  # of an upload's paths to delete: they travel in the exec's URL
+END_SECONDS = 3.0  # for the exec that ends an abandoned download's command
 
 
 @dataclass(frozen=True)
@@ -170,7 +172,8 @@ class FileOperations:
     @contextlib.asynccontextmanager
     async def download(self, runner_id: str, path: str) -> AsyncIterator[Download]:
         """The file's size and its bytes as they come; 404 FileNotFound, 400 for what is
-        not a regular file. The exec stays open while the caller streams."""
+        not a regular file. The exec stays open while the caller streams; a download the
+        caller leaves before its end (the client went away) has its command killed."""
         wanted = _path("path", path, allow_base=False)
         async with self._counted(runner_id, "download") as target:
             argv = download_command(target.spec.working_dir, wanted)
@@ -181,9 +184,29 @@ class FileOperations:
                     if not await download.start():
                         run = _Run(session.exit_code, stderr=download.stderr)
                         self._check_exit(run, target, what="the download", path=wanted)
-                    yield download
+                    try:
+                        yield download
+                    finally:
+                        if download.left and session.exit_code is None:
+                            await self._end(target, download)
             except ExecError as error:
                 raise _failed(await self.activity.explain_failure(target, error)) from None
+
+    async def _end(self, target: Target, download: Download) -> None:
+        """Kill the `cat` of a download left before its end: closing Nomad's exec does
+        not end it, and blocked on its full pipe it would stay until the runner ends."""
+        runner_id = target.record.runner_id
+        log.info(
+            "a download from %s was left after %d of %d bytes: ending its command",
+            runner_id,
+            download.size - download.left,
+            download.size,
+        )
+        try:
+            async with asyncio.timeout(END_SECONDS):
+                await self._run(target, kill_command(download.pid, group=False), ())
+        except (ServiceError, TimeoutError) as error:
+            log.warning("could not end a download's command on %s: %s", runner_id, error)
 
     # ---- plumbing -------------------------------------------------------------------------
 
@@ -263,12 +286,15 @@ class FileOperations:
 
 
 class Download:
-    """A download in progress: `size` once started, then the bytes."""
+    """A download in progress: its command's `pid` and the file's `size` once started,
+    then the bytes (`left`: how many are still to come)."""
 
     def __init__(self, session: ExecSession, path: RunnerPath) -> None:
         self._output = session.output()
         self.path = path
+        self.pid = 0
         self.size = 0
+        self.left = 0
         self.stderr = bytearray()
         self._first = b""
 
@@ -281,25 +307,25 @@ class Download:
                 continue
             head += output.data
             try:
-                found = parse_size_line(head)
+                found = parse_download_head(head)
             except ValueError as error:
                 raise _failed(f"the download could not be read: {error}") from None
             if found is not None:
-                self.size, self._first = found
+                self.pid, self.size, self._first = found
+                self.left = self.size
                 return True
         return False
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """Exactly `size` bytes: bytes a growing file gained are left out; a file that
         shrank while being read is an error (the response, begun, must be aborted)."""
-        left = self.size
         data = self._first
         while True:
-            if data and left:
-                piece = data[:left]
-                left -= len(piece)
+            if data and self.left:
+                piece = data[: self.left]
+                self.left -= len(piece)
                 yield piece
-            if not left:
+            if not self.left:
                 return
             data = b""
             async for output in self._output:

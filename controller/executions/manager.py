@@ -3,6 +3,8 @@
 A waited execution runs within its request and answers with its exit code and output.
 A streamed one is created by its request and runs when its WebSocket opens (within
 CONNECT_WITHIN_SECONDS, once); the API's stream route drives it (execution_routes.py).
+At most MAX_WAITING_PER_RUNNER created ones wait for their sockets on one runner, and
+they are forgotten when the runner's claim ends.
 Either way an execution ends in exactly one way:
 
 - `exit`: the command exited (code 137, SIGKILL, is first checked against the claim and
@@ -21,6 +23,7 @@ import contextlib
 import logging
 import secrets
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -51,6 +54,9 @@ log = logging.getLogger(__name__)
 
 EXECUTION_ID_BYTES = 24  # 192 random bits: the stream route's credential
 CONNECT_WITHIN_SECONDS = 30.0
+# Created executions not connected yet, per runner: each holds its command (up to the
+# API's 64 KiB body) until its socket opens, it expires or the runner's claim ends.
+MAX_WAITING_PER_RUNNER = 32
 KILL_GRACE_SECONDS = 3.0
 WAITED_OUTPUT_LIMIT = 1024 * 1024  # bytes per stream
 SIGKILL_EXIT = 128 + 9
@@ -135,6 +141,19 @@ class Prepared:
     stdin: bytes | None
     keeps_claim: bool = True  # the claim is kept alive while it runs (Activity.hold)
     stderr_fifo: str | None = None  # stderr apart from a terminal: the FIFO it goes through
+
+
+@dataclass(eq=False)
+class _Waiting:
+    """A created execution waiting for its socket. It is held on its runner's activity
+    (without keeping the claim alive), so the claim's end stops it: it is forgotten."""
+
+    manager: ExecutionManager
+    prepared: Prepared
+    expiry: asyncio.TimerHandle | None = None
+
+    def stop(self, message: str) -> None:
+        self.manager.forget(self)
 
 
 class Execution:
@@ -322,7 +341,8 @@ class ExecutionManager:
         self.exec = exec_client
         self.metrics = metrics
         self.activity = Activity(claims, directory, nomad)
-        self._pending: dict[str, tuple[Prepared, asyncio.TimerHandle]] = {}
+        self._pending: dict[str, _Waiting] = {}
+        self._waiting_on: Counter[str] = Counter()  # of _pending, by runner ID
         self._running: set[Execution] = set()
 
     # ---- the API's calls ------------------------------------------------------------------
@@ -358,44 +378,69 @@ class ExecutionManager:
         keeps_claim: bool = True,
     ) -> str:
         """A streamed execution, run when its socket opens within `connect_within`
-        seconds; its ID. `keeps_claim`: the claim is kept alive while it runs."""
+        seconds; its ID. `keeps_claim`: the claim is kept alive while it runs. 409 when
+        MAX_WAITING_PER_RUNNER created executions of the runner wait already."""
         check = self._checked(runner_id, request)
         target = await self.activity.live(runner_id)  # it starts, and is activity, later
+        if self._waiting_on[runner_id] >= MAX_WAITING_PER_RUNNER:
+            raise ServiceError(
+                ErrorCode.TOO_MANY_EXECUTIONS,
+                f"runner {runner_id} has {MAX_WAITING_PER_RUNNER} executions waiting to be "
+                "connected, the most it keeps: connect them first",
+            )
         prepared = self._prepare(target, request, check)
         prepared.keeps_claim = keeps_claim
-        expiry = asyncio.get_running_loop().call_later(
-            connect_within, self._pending.pop, prepared.id, None
-        )
-        self._pending[prepared.id] = (prepared, expiry)
+        waiting = _Waiting(self, prepared)
+        waiting.expiry = asyncio.get_running_loop().call_later(connect_within, self.forget, waiting)
+        self._pending[prepared.id] = waiting
+        self._waiting_on[runner_id] += 1
+        self.activity.hold(target, waiting, keep_alive=False)
         return prepared.id
+
+    def waiting(self, runner_id: str) -> int:
+        """How many created executions of the runner wait for their sockets."""
+        return self._waiting_on[runner_id]
+
+    def forget(self, waiting: _Waiting) -> None:
+        """A created execution is not connected any more: it expired, its claim ended,
+        or it is connected now."""
+        if self._pending.pop(waiting.prepared.id, None) is None:
+            return
+        if waiting.expiry is not None:
+            waiting.expiry.cancel()
+        runner_id = waiting.prepared.target.record.runner_id
+        self._waiting_on[runner_id] -= 1
+        if not self._waiting_on[runner_id]:
+            del self._waiting_on[runner_id]
+        self.activity.let_go(runner_id, waiting)
 
     def connect(self, runner_id: str, execution_id: str) -> Execution:
         """The streamed execution `execution_id` of the runner, now running (counted);
         404 for an unknown, used or stale ID, 409 past the pool's maxConcurrent."""
-        pending = self._waiting(runner_id, execution_id)
-        execution = self.start(pending[0])  # 409 leaves it pending, to be tried again
-        del self._pending[execution_id]
-        pending[1].cancel()
+        waiting = self._found(runner_id, execution_id)
+        execution = self.start(waiting.prepared)  # 409 leaves it pending, to be tried again
+        self.forget(waiting)
         return execution
 
     def expect(self, runner_id: str, execution_id: str) -> None:
         """404 unless `connect` would find the execution (it may still be refused 409)."""
-        self._waiting(runner_id, execution_id)
+        self._found(runner_id, execution_id)
 
-    def _waiting(self, runner_id: str, execution_id: str) -> tuple[Prepared, asyncio.TimerHandle]:
-        pending = self._pending.get(execution_id)
-        if pending is None or pending[0].target.record.runner_id != runner_id:
+    def _found(self, runner_id: str, execution_id: str) -> _Waiting:
+        waiting = self._pending.get(execution_id)
+        if waiting is None or waiting.prepared.target.record.runner_id != runner_id:
             raise ServiceError(
                 ErrorCode.EXECUTION_NOT_FOUND,
                 "no such execution: unknown, already connected, or not connected in time",
             )
-        return pending
+        return waiting
 
     def start(self, prepared: Prepared) -> Execution:
         target = prepared.target
         runner_id = target.record.runner_id
         limit = target.spec.max_concurrent
-        if self.activity.running(runner_id) >= limit:
+        # The activity holds the waiting executions too: they do not run.
+        if self.activity.running(runner_id) - self._waiting_on[runner_id] >= limit:
             raise ServiceError(
                 ErrorCode.TOO_MANY_EXECUTIONS,
                 f"runner {runner_id} already runs {limit} executions (maxConcurrent)",
@@ -407,9 +452,8 @@ class ExecutionManager:
 
     async def close(self) -> None:
         """The controller stops: every execution ends with an error."""
-        for _, expiry in self._pending.values():
-            expiry.cancel()
-        self._pending.clear()
+        for waiting in list(self._pending.values()):
+            self.forget(waiting)
         running = list(self._running)
         for execution in running:
             execution.stop("the controller is stopping")

@@ -24,6 +24,9 @@ BODY_READ_TIMEOUT_SECONDS = 30.0
 # paths, modes and the JSON around them.
 JSON_UPLOAD_SLACK = 1024 * 1024
 CLIENT_FRAME_LIMIT = 1024 * 1024  # bytes of one client frame
+# Set on a request whose client went away while its answer was being sent (the access
+# log's 499): the status line had gone out already.
+CLIENT_GONE: web.RequestKey[bool] = web.RequestKey("client_gone", bool)
 
 
 async def read_stream(request: web.Request, limit: int, write: Callable[[bytes], object]) -> None:
@@ -56,6 +59,19 @@ async def read_stream(request: web.Request, limit: int, write: Callable[[bytes],
 def json_upload_limit(max_upload_bytes: int) -> int:
     """The bytes a JSON upload of at most `max_upload_bytes` decoded bytes may take."""
     return max_upload_bytes // 3 * 4 + 4 + JSON_UPLOAD_SLACK
+
+
+# The headers of a WebSocket upgrade (RFC 6455), as both APIs' documents name them for
+# their stream routes: a request without them is 400.
+UPGRADE_HEADERS: list[dict[str, Any]] = [
+    {"name": name, "in": "header", "required": True, "schema": schema}
+    for name, schema in (
+        ("Connection", {"type": "string", "enum": ["Upgrade"]}),
+        ("Upgrade", {"type": "string", "enum": ["websocket"]}),
+        ("Sec-WebSocket-Version", {"type": "string", "enum": ["13"]}),
+        ("Sec-WebSocket-Key", {"type": "string", "pattern": "^[A-Za-z0-9+/]{21}[AQgw]==$"}),
+    )
+]
 
 
 def websocket_for(request: web.Request) -> web.WebSocketResponse:
@@ -145,19 +161,21 @@ class StreamFrames:
 async def send_download(
     request: web.Request, download: Download, headers: dict[str, str] | None = None
 ) -> web.StreamResponse:
-    """A started download as the response: `Content-Length` and the bytes."""
+    """A started download as the response: `Content-Length` and the bytes. A client that
+    goes away meanwhile leaves the download unfinished (CLIENT_GONE)."""
     response = web.StreamResponse(
         headers={"Content-Type": "application/octet-stream", **(headers or {})}
     )
     response.content_length = download.size
-    await response.prepare(request)
     try:
+        await response.prepare(request)
         async for chunk in download.chunks():
             await response.write(chunk)
+        await response.write_eof()
     except ServiceError:
         # The status is sent: the one way left to say the body is wrong is to cut it.
         if request.transport is not None:
             request.transport.abort()
-        return response
-    await response.write_eof()
+    except ConnectionError:
+        request[CLIENT_GONE] = True
     return response

@@ -209,12 +209,6 @@ def _skip_space(text: str, position: int) -> int:
     return match.end() if match else position
 
 
-def _scrub(text: str, token: str | None) -> str:
-    if token:
-        text = text.replace(token, "<redacted>")
-    return text
-
-
 class NomadClient:
     """Async Nomad calls; see the module docstring for the transport and retry rules."""
 
@@ -598,10 +592,10 @@ class NomadClient:
         return _Outcome(str(status), body=body, next_token=next_token, index=index)
 
     def _describe(self, exc: BaseException) -> str:
-        return _scrub(f"{type(exc).__name__}: {exc}", self._config.token)[:_BODY_LIMIT]
+        return self._config.redact(f"{type(exc).__name__}: {exc}")[:_BODY_LIMIT]
 
     def _text(self, raw: bytes) -> str:
-        return _scrub(raw.decode("utf-8", "replace"), self._config.token)
+        return self._config.redact(raw.decode("utf-8", "replace"))
 
     def _unreachable(self, where: str, exc: BaseException, *, maybe_applied: bool) -> _Outcome:
         err = NomadUnavailable(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -12,13 +13,27 @@ from urllib.parse import urlsplit
 DEFAULT_ADDRESS = "http://127.0.0.1:4646"
 DEFAULT_NAMESPACE = "default"
 
+REDACTED = "<redacted>"
+# A URL's credentials (`user:password@`), up to its last `@`: a password may hold one.
+_USERINFO = re.compile(r"(?<=://)\S*@")
+
 # Go's strconv.ParseBool, which the Nomad CLI uses for NOMAD_SKIP_VERIFY.
 _TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 _FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 
 
 class ConfigError(ValueError):
-    """A bad connection setting; the message names the variable and value (never a token)."""
+    """A bad connection setting; the message names the variable and value (never a token
+    or a URL's credentials)."""
+
+
+def scrub(text: str, token: str | None = None) -> str:
+    """`text` without `token` and without the credentials of any URL in it
+    (`https://user:pw@nomad:4646` is `https://<redacted>@nomad:4646`): what goes into an
+    error, a log line or a label from an address or from an answer."""
+    if token:
+        text = text.replace(token, REDACTED)
+    return _USERINFO.sub(REDACTED + "@", text)
 
 
 def parse_bool(name: str, value: str) -> bool:
@@ -38,18 +53,23 @@ class _Address:
 
 
 def _parse_address(value: str, name: str = "NOMAD_ADDR") -> _Address:
+    def invalid(why: str) -> ConfigError:
+        return ConfigError(scrub(f"{name}: invalid address {value!r} ({why})"))
+
     try:
         parts = urlsplit(value)
         port = parts.port
     except ValueError as exc:
-        raise ConfigError(f"{name}: invalid address {value!r} ({exc})") from None
+        raise invalid(str(exc)) from None
+    if "@" in parts.netloc:
+        raise invalid("no credentials in it: the token goes in NOMAD_TOKEN")
     if parts.scheme not in ("http", "https"):
-        raise ConfigError(f"{name}: invalid address {value!r} (scheme must be http or https)")
+        raise invalid("scheme must be http or https")
     if not parts.hostname:
-        raise ConfigError(f"{name}: invalid address {value!r} (no host)")
-    # A path, query or credentials would be silently dropped or sent to the wrong place.
-    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
-        raise ConfigError(f"{name}: invalid address {value!r} (only scheme://host:port)")
+        raise invalid("no host")
+    # A path, query or fragment would be silently dropped or sent to the wrong place.
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise invalid("only scheme://host:port")
     if port is None:
         # As the Go client does: the URL is used as given, so the scheme's port applies.
         port = 443 if parts.scheme == "https" else 80
@@ -102,6 +122,10 @@ class NomadConfig:
             client_key=files["NOMAD_CLIENT_KEY"],
             skip_verify=parse_bool("NOMAD_SKIP_VERIFY", skip) if skip is not None else False,
         )
+
+    def redact(self, text: str) -> str:
+        """`text` without the token or a URL's credentials (`scrub`)."""
+        return scrub(text, self.token)
 
     @property
     def scheme(self) -> str:

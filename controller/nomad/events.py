@@ -140,7 +140,9 @@ class EventWatcher:
         async with session.get(url, params=params, proxy=proxy.url, proxy_auth=proxy.auth) as resp:
             if resp.status != 200:
                 body = (await resp.text(errors="replace"))[:300].strip()
-                raise _StreamError(f"http-{resp.status}", f"{resp.status} {self._scrub(body)}")
+                raise _StreamError(
+                    f"http-{resp.status}", f"{resp.status} {self._config.redact(body)}"
+                )
             buffer = b""
             async for chunk in resp.content.iter_any():
                 buffer += chunk
@@ -199,16 +201,12 @@ class EventWatcher:
         return self._rng.uniform(ceiling / 2, ceiling)
 
     def _log_once(self, kind: str, message: str) -> None:
-        message = self._scrub(message)
+        message = self._config.redact(message)
         if kind in self._logged:
             log.debug("%s", message)
         else:
             self._logged.add(kind)
             log.warning("%s (repeats are logged at debug level)", message)
-
-    def _scrub(self, text: str) -> str:
-        token = self._config.token
-        return text.replace(token, "<redacted>") if token else text
 
     def _set_state(self, up: bool) -> None:
         if self._up is up:

@@ -40,7 +40,7 @@ from controller.nomad.client import (
     Proxy,
     report,
 )
-from controller.nomad.config import NomadConfig
+from controller.nomad.config import NomadConfig, scrub
 from controller.nomad.errors import NomadError, NomadUnavailable
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,7 @@ class ExecRefused(ExecError):
 
     def __init__(self, code: int, reason: str) -> None:
         what = _REFUSED.get(code, f"closed the exec ({code})")
+        reason = scrub(reason)  # Nomad's text reaches clients: no URL's credentials in it
         super().__init__(f"Nomad {what}: {reason or 'no reason given'}")
         self.code = code
         self.reason = reason

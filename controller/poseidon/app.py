@@ -11,6 +11,7 @@ environments, 410 for their runners), as Poseidon has no 403.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Final
 
 from aiohttp import web
@@ -18,7 +19,7 @@ from aiohttp import web
 from controller import __version__
 from controller.api.auth import SCOPE_KEY, Handler, Scope, TokenSet, scope
 from controller.claims.service import ClaimRequest
-from controller.core.gojson import go_bool, go_int
+from controller.core.gojson import GoStruct, go_bool, go_int
 from controller.directory.view import PoolEntry
 from controller.errors import ErrorCode as ServiceCode
 from controller.errors import ServiceError
@@ -38,7 +39,9 @@ from controller.poseidon.context import (
 from controller.poseidon.environments import depleting, described, environment_body, statistics
 from controller.poseidon.wire import (
     ENVIRONMENT_REQUEST,
+    EXECUTION_REQUEST,
     RUNNER_REQUEST,
+    UPDATE_FILE_SYSTEM_REQUEST,
     ErrorCode,
     PoseidonError,
     answer,
@@ -243,7 +246,103 @@ async def delete_runner(request: web.Request) -> web.Response:
 
 # ---- the application -------------------------------------------------------------------
 
-OPEN_ROUTES: Final = frozenset({"/health", "/version"})
+
+@dataclass(frozen=True)
+class PoseidonRoute:
+    """One route of the Poseidon API, as the app serves it and the OpenAPI document
+    (poseidon/openapi.py) describes it."""
+
+    method: str
+    path: str  # under PREFIX, in aiohttp's syntax
+    operation: str
+    summary: str
+    handler: Handler
+    body: GoStruct | None = None
+    query: tuple[str, ...] = ()  # names of query parameters, described in openapi.py
+    # status -> what it means; the document gives each its body
+    answers: dict[int, str] = field(default_factory=dict)
+    empty: frozenset[int] = frozenset()  # error statuses answered without a body
+    needs_token: bool = True
+
+
+ENVIRONMENT = "/execution-environments/{id:[0-9]+}"
+RUNNER = "/runners/{runnerId}"
+NOMAD = "Nomad is unavailable, or another failure (errorCode says which)"
+GONE = "no such claimed runner (abstract manager wrapped: no runner found with this id)"
+TOO_LARGE = "the body is too large"
+
+ROUTES: Final = (
+    PoseidonRoute("GET", "/health", "poseidonHealth", "health", health, needs_token=False,
+                  answers={204: "healthy", 503: "a prewarming pool is depleting"}),
+    PoseidonRoute("GET", "/version", "poseidonVersion", "the version", version,
+                  needs_token=False, answers={200: "poolkeeper@VERSION"}),
+    PoseidonRoute("GET", "/statistics/execution-environments", "poseidonStatistics",
+                  "idle and used runners per environment", environment_statistics,
+                  answers={200: "keyed by environment ID"}),
+    PoseidonRoute("GET", "/execution-environments", "poseidonListEnvironments",
+                  "the environments", list_environments, query=("fetch",),
+                  answers={200: "the environments", 400: "fetch is no boolean",
+                           500: "reading the managed environments failed"}),
+    PoseidonRoute("GET", ENVIRONMENT, "poseidonGetEnvironment", "one environment",
+                  get_environment, query=("fetch",),
+                  answers={200: "the environment", 400: "an ID or fetch that cannot be read",
+                           404: "no such environment",
+                           500: "reading the managed environments failed"},
+                  empty=frozenset({404})),
+    PoseidonRoute("PUT", ENVIRONMENT, "poseidonPutEnvironment",
+                  "create or replace an environment (managed), or check one (readonly)",
+                  put_environment, body=ENVIRONMENT_REQUEST,
+                  answers={201: "created", 204: "replaced, or as the pool says",
+                           400: "a body or ID that cannot be read, or no valid pool",
+                           409: "the environment is a pool of the files or resources, or "
+                                "read-only here", 413: TOO_LARGE,
+                           500: "writing the environment failed"}),
+    PoseidonRoute("DELETE", ENVIRONMENT, "poseidonDeleteEnvironment",
+                  "delete a managed environment", delete_environment,
+                  answers={204: "deleted", 400: "an ID that cannot be read",
+                           404: "no such managed environment",
+                           409: "the environment is a pool of the files or resources",
+                           500: "deleting the environment failed"},
+                  empty=frozenset({404})),
+    PoseidonRoute("POST", "/runners", "poseidonClaimRunner",
+                  "claim a runner of an environment", claim_runner, body=RUNNER_REQUEST,
+                  answers={200: "the runner", 400: "a body that cannot be read, or an "
+                           "inactivity timeout beyond the environment's",
+                           404: "no such environment", 413: TOO_LARGE,
+                           500: "no idle runner (NOMAD_OVERLOAD), or " + NOMAD}),
+    PoseidonRoute("DELETE", RUNNER, "poseidonReleaseRunner", "release a runner",
+                  delete_runner,
+                  answers={204: "released", 410: GONE, 500: "the release failed: " + NOMAD}),
+    PoseidonRoute("GET", RUNNER + "/files", "poseidonListFiles", "list a runner's files",
+                  files.list_files, query=("path", "recursive"),
+                  answers={200: "the files", 410: GONE,
+                           424: "the path cannot be listed", 500: NOMAD}),
+    PoseidonRoute("PATCH", RUNNER + "/files", "poseidonPatchFiles",
+                  "delete, then write files", files.patch_files,
+                  body=UPDATE_FILE_SYSTEM_REQUEST,
+                  answers={204: "done", 400: "a body that cannot be read, or a path that "
+                           "leaves the working directory", 410: GONE, 413: TOO_LARGE,
+                           500: NOMAD}),
+    PoseidonRoute("GET", RUNNER + "/files/raw", "poseidonDownloadFile", "a file's bytes",
+                  files.download_file, query=("path",),
+                  answers={200: "the bytes", 410: GONE, 424: "the file cannot be read",
+                           500: NOMAD}),
+    PoseidonRoute("POST", RUNNER + "/execute", "poseidonExecute",
+                  "store a command; its WebSocket runs it", executions.execute,
+                  body=EXECUTION_REQUEST,
+                  answers={200: "the WebSocket URL to run it", 400: "a body that cannot "
+                           "be read, a forbidden character, a time limit beyond the "
+                           "pool's, or too many stored", 410: GONE, 413: TOO_LARGE,
+                           500: NOMAD}),
+    PoseidonRoute("GET", RUNNER + "/websocket", "poseidonWebSocket",
+                  "run a stored command over a WebSocket", executions.websocket,
+                  query=("executionID",),
+                  answers={101: "the command runs; frames as docs/poseidon.md says",
+                           400: "not a WebSocket upgrade", 404: "no such stored command",
+                           409: "maxConcurrent executions run already", 410: GONE,
+                           500: NOMAD}),
+)  # fmt: skip
+OPEN_ROUTES: Final = frozenset(route.path for route in ROUTES if not route.needs_token)
 
 
 def token_scope(tokens: TokenSet, request: web.Request) -> Scope:
@@ -276,27 +375,13 @@ async def poseidon_middleware(request: web.Request, handler: Handler) -> web.Str
         return PoseidonError(500, "internal error", ErrorCode.UNKNOWN).response()
 
 
-ENVIRONMENT = "/execution-environments/{id:[0-9]+}"
-RUNNER = "/runners/{runnerId}"
-
-
 def create_poseidon_app(context: Poseidon) -> web.Application:
     """The application to mount at PREFIX."""
     app = web.Application(middlewares=[poseidon_middleware])
     app[POSEIDON_KEY] = context
-    router = app.router
-    router.add_get("/health", health)
-    router.add_get("/version", version)
-    router.add_get("/statistics/execution-environments", environment_statistics)
-    router.add_get("/execution-environments", list_environments)
-    router.add_get(ENVIRONMENT, get_environment)
-    router.add_put(ENVIRONMENT, put_environment)
-    router.add_delete(ENVIRONMENT, delete_environment)
-    router.add_post("/runners", claim_runner)
-    router.add_delete(RUNNER, delete_runner)
-    router.add_get(RUNNER + "/files", files.list_files)
-    router.add_patch(RUNNER + "/files", files.patch_files)
-    router.add_get(RUNNER + "/files/raw", files.download_file)
-    router.add_post(RUNNER + "/execute", executions.execute)
-    router.add_get(RUNNER + "/websocket", executions.websocket)
+    for route in ROUTES:
+        if route.method == "GET":
+            app.router.add_get(route.path, route.handler)  # and HEAD
+        else:
+            app.router.add_route(route.method, route.path, route.handler)
     return app

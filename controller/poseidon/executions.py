@@ -24,6 +24,8 @@ from aiohttp import WSMsgType, web
 
 from controller.core.claims import ClaimState
 from controller.core.gojson import go_marshal
+from controller.errors import ErrorCode as ServiceCode
+from controller.errors import ServiceError
 from controller.executions.activity import ENDED_MESSAGES, OOM_KILLED
 from controller.executions.commands import ENV_NAME_PATTERN
 from controller.executions.manager import Ending, Execution, ExecutionRequest, Outcome
@@ -65,10 +67,16 @@ async def execute(request: web.Request) -> web.Response:
         stderr_apart=True,
         privileged=body["privilegedExecution"],
     )
-    # Kept until its runner ends or the longest time limit passes, not 30 s as under /v1.
-    execution_id = await manager.create(
-        runner_id, stored, connect_within=spec.max_time_limit_seconds, keeps_claim=False
-    )
+    # Kept until its runner's claim ends or the longest time limit passes, not 30 s as
+    # under /v1; past the bound of those waiting on the runner, the request is at fault.
+    try:
+        execution_id = await manager.create(
+            runner_id, stored, connect_within=spec.max_time_limit_seconds, keeps_claim=False
+        )
+    except ServiceError as error:
+        if error.code is ServiceCode.TOO_MANY_EXECUTIONS:
+            raise bad_request(error.message) from None
+        raise
     scheme = "wss" if request.secure else "ws"
     url = f"{scheme}://{request.host}{PREFIX}/runners/{runner_id}/websocket"
     return answer({"websocketUrl": f"{url}?executionID={execution_id}"})

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from controller.lab.simulator import Simulator
 from controller.nomad.jobs import TASK_NAME
@@ -151,3 +153,45 @@ def pids(text: str) -> list[int]:
 
 async def gone(*pids: int) -> None:
     await wait_until(lambda: not any(alive(pid) for pid in pids), what=f"processes {pids} to end")
+
+
+def readers_of(name: str) -> list[int]:
+    """The processes on this machine that `cat` a file of this (unique) name: a
+    download's command in a runner of the simulator with `--exec local`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # not a process, or one that has just ended
+            continue
+        if argv[:1] == [b"cat"] and any(arg.endswith(name.encode()) for arg in argv[1:]):
+            found.append(int(proc.name))
+    return found
+
+
+async def abandon_download(url: str, headers: dict[str, str], path: str) -> None:
+    """Start downloading `path` from `url`, read a MiB of it, and hang up, as a client
+    that goes away mid-download does (its `cat` still runs in the runner then)."""
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(url, params={"path": path}, headers=headers) as response,
+    ):
+        assert response.status == 200, await response.text()
+        await response.content.readexactly(1024 * 1024)
+        assert readers_of(path), "the download's cat is not running"
+        response.close()  # the connection, not back to the pool: closed
+
+
+def access_log(caplog: pytest.LogCaptureFixture) -> list[tuple[str, int]]:
+    lines = [vars(r) for r in caplog.records if r.name == "controller.api.access_log"]
+    return [(line["route"], line["status"]) for line in lines]
+
+
+def assert_one_quiet_line(caplog: pytest.LogCaptureFixture, runner_id: str) -> None:
+    """The abandoned download is one line (no traceback), naming the runner."""
+    ours = [r for r in caplog.records if r.name.startswith("controller.")]
+    assert not [r for r in ours if r.exc_info or r.levelno >= logging.WARNING], [
+        r.getMessage() for r in ours
+    ]
+    abandoned = [r.getMessage() for r in ours if "download" in r.getMessage()]
+    assert len(abandoned) == 1 and runner_id in abandoned[0], abandoned

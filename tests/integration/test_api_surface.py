@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 
+import pytest
+from jsonschema import Draft202012Validator
 from rich.console import Console
+from schemathesis.specs.openapi.definitions import OPENAPI_31
 
 from controller import status_command
-from controller.api.openapi import document
+from controller.api.openapi import document, extended
+from controller.poseidon.context import PoseidonSettings
+from controller.poseidon.openapi import openapi_part
 from tests.support.documents import pool_doc
 
 from .conftest import TOKEN, Harness, write_pools
@@ -59,16 +63,22 @@ async def test_a_stopped_event_stream_watcher_leaves_no_series(harness: Harness,
     assert "poolkeeper_event_stream_up{" not in text
 
 
-async def test_openapi_document_matches_the_routes(harness: Harness, tmp_path):
-    controller = await harness.start(write_pools(tmp_path / "p.yaml", pool_doc("py", idle=1)))
+@pytest.mark.parametrize("poseidon", [False, True], ids=["v1", "v1 and poseidon"])
+async def test_openapi_document_matches_the_routes(harness: Harness, tmp_path, poseidon):
+    settings = PoseidonSettings(enabled=poseidon)
+    pools = write_pools(tmp_path / "p.yaml", pool_doc("py", idle=1))
+    controller = await harness.start(pools, poseidon=settings)
     status, served = await harness.api(controller, "GET", "/openapi.json", token=None)
-    assert (status, served) == (200, document())
+    expected = extended(document(), openapi_part()) if poseidon else document()
+    assert (status, served) == (200, expected)
+    Draft202012Validator(OPENAPI_31).validate(served)
+    for schema in served["components"]["schemas"].values():
+        Draft202012Validator.check_schema(schema)
     app_routes = set()
     for resource in controller.api._runner.app.router.resources():  # type: ignore[union-attr]
-        path = re.sub(r"\{runner_id\}", "{runnerId}", resource.canonical)
-        for route in resource:
-            if route.method != "HEAD":
-                app_routes.add((route.method, path))
+        for route in resource:  # a mounted application's routes too, with its prefix
+            if route.method != "HEAD" and route.resource is not None:
+                app_routes.add((route.method, route.resource.canonical))
     documented = {
         (method.upper(), path)
         for path, item in served["paths"].items()
@@ -76,6 +86,7 @@ async def test_openapi_document_matches_the_routes(harness: Harness, tmp_path):
         if method != "parameters"
     }
     assert documented == app_routes
+    assert any(path.startswith("/api/v1/") for _, path in documented) is poseidon
 
 
 async def test_status_command_shows_pools_and_claims(harness: Harness, tmp_path):

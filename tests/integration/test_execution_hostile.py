@@ -21,6 +21,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from controller.executions.manager import MAX_WAITING_PER_RUNNER
 from tests.support.documents import pool_doc
 from tests.support.fuzzing import against_live_service
 
@@ -117,6 +118,8 @@ BAD_UPLOADS = [
     b'{"files": [{"path": "a"}]}',
     b'{"files": [{"path": "a", "content": "!!!"}]}',
     b'{"files": [{"path": "a", "content": "YQ"}]}',
+    b'{"files": [{"path": "a", "content": "YWJj\\u00e9"}]}',  # base64 has no non-ASCII
+    '{"files": [{"path": "a", "content": "éééé"}]}'.encode(),
     b'{"files": [{"path": "a", "content": "YQ==", "mode": "999"}]}',
     b'{"files": [{"path": "a", "content": "YQ==", "mode": "4755"}]}',
     b'{"files": [{"path": "a", "content": "YQ==", "mode": 644}]}',
@@ -184,6 +187,15 @@ async def test_stream_urls_reused_or_guessed_are_404(runner: Runner) -> None:
     # The untouched one still opens, with a wrong bearer token even: the ID is the credential.
     async with await Stream.open(fresh["streamUrl"], headers={"Authorization": "Bearer wrong"}):
         pass
+
+
+async def test_executions_waiting_for_their_sockets_are_bounded(runner: Runner) -> None:
+    body = json.dumps({"command": "echo " + "x" * 60_000}).encode()
+    for _ in range(MAX_WAITING_PER_RUNNER):
+        assert (await check(runner, "POST", "/executions", body))[0] == 201
+    status, answer = await check(runner, "POST", "/executions", body)
+    assert (status, answer["error"]["code"]) == (409, "TooManyExecutions"), answer
+    assert runner.controller.executions.waiting(runner.id) == MAX_WAITING_PER_RUNNER
 
 
 async def test_the_stream_route_wants_a_websocket(runner: Runner) -> None:

@@ -4,8 +4,9 @@ through a standalone controller, on a simulator whose runner tasks have real dir
 from __future__ import annotations
 
 import base64
-import io
+import logging
 import os
+import secrets
 import tarfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,10 +17,18 @@ import pytest
 
 from controller.lab.simulator import Simulator
 from tests.support.documents import pool_doc
+from tests.support.tars import directory, file, hardlink, member, symlink, tar_of
 from tests.support.waiting import wait_until
 
 from .conftest import TOKEN, Harness, write_pools
-from .executions_support import Runner, claimed_runner
+from .executions_support import (
+    Runner,
+    abandon_download,
+    access_log,
+    assert_one_quiet_line,
+    claimed_runner,
+    readers_of,
+)
 
 BINARY = bytes(range(256)) * 257 + b"\x00\xff end"  # every byte value, not UTF-8
 
@@ -38,22 +47,6 @@ async def runner(harness: Harness, tmp_path: Path) -> Runner:
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
-
-
-def tar_of(*members: tuple[tarfile.TarInfo, bytes | None]) -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w") as archive:
-        for info, data in members:
-            if data is not None:
-                info.size = len(data)
-            archive.addfile(info, io.BytesIO(data) if data is not None else None)
-    return out.getvalue()
-
-
-def member(name: str, kind: bytes = tarfile.REGTYPE, mode: int = 0o644, link: str = "") -> Any:
-    info = tarfile.TarInfo(name)
-    info.type, info.mode, info.linkname = kind, mode, link
-    return info
 
 
 async def put_raw(runner: Runner, body: bytes, content_type: str, **query: str) -> tuple[int, Any]:
@@ -105,8 +98,7 @@ async def test_a_round_trip_keeps_every_byte(runner: Runner) -> None:
     )
     assert status == 204, body
     archive = tar_of(
-        (member("nested/deep/blob.bin"), BINARY[::-1]),
-        (member("nested/link", tarfile.SYMTYPE, link="deep/blob.bin"), None),
+        file("nested/deep/blob.bin", BINARY[::-1]), symlink("nested/link", "deep/blob.bin")
     )
     status, body = await put_raw(runner, archive, "application/x-tar", path="unpacked")
     assert status == 204, body
@@ -158,36 +150,18 @@ ESCAPES: list[tuple[str, dict[str, Any] | bytes]] = [
     ("directory", {"directories": ["../outside"]}),
     ("delete", {"delete": ["../local"]}),
     ("a later file", {"directories": ["fine"], "files": [{"path": "..", "content": ""}]}),
-    ("tar member", tar_of((member("fine.txt"), b"x"), (member("../outside.txt"), b"x"))),
+    ("tar member", tar_of(file("fine.txt"), file("../outside.txt"))),
+    ("tar absolute", tar_of(file("/tmp/outside.txt"))),
+    ("tar symlink", tar_of(symlink("out", "../.."))),
+    ("tar hardlink", tar_of(hardlink("h", "../secrets/x"))),
+    ("tar device", tar_of((member("dev", tarfile.CHRTYPE), None))),
+    ("tar setuid", tar_of((member("suid", mode=0o4755), b"x"))),
+    # Each link alone stays inside; through the first, the second leads out.
+    ("tar link chain", tar_of(symlink("ca", "."), symlink("cb", "ca/.."), file("cb/escaped.txt"))),
+    # `d/up` is the top; a hard link to it is a link to `..` at the top.
     (
-        "tar absolute",
-        tar_of(
-            (member("/tmp/outside.txt"), b"x"),
-        ),
-    ),
-    (
-        "tar symlink",
-        tar_of(
-            (member("out", tarfile.SYMTYPE, link="../.."), None),
-        ),
-    ),
-    (
-        "tar hardlink",
-        tar_of(
-            (member("h", tarfile.LNKTYPE, link="../secrets/x"), None),
-        ),
-    ),
-    (
-        "tar device",
-        tar_of(
-            (member("dev", tarfile.CHRTYPE), None),
-        ),
-    ),
-    (
-        "tar setuid",
-        tar_of(
-            (member("suid", mode=0o4755), b"x"),
-        ),
+        "tar hardlink to a link",
+        tar_of(directory("d"), symlink("d/up", ".."), hardlink("h", "d/up")),
     ),
     ("not a tar", b"this is not a tar archive" * 40),
 ]
@@ -209,14 +183,7 @@ async def test_a_path_out_of_the_working_dir_is_400_and_writes_nothing(
 
 async def test_a_tar_target_out_of_the_working_dir_is_400(runner: Runner) -> None:
     before = tree(runner.alloc_dir())
-    status, answer = await put_raw(
-        runner,
-        tar_of(
-            (member("a"), b"x"),
-        ),
-        TAR,
-        path="../x",
-    )
+    status, answer = await put_raw(runner, tar_of(file("a")), TAR, path="../x")
     assert status == 400, answer
     assert tree(runner.alloc_dir()) == before
 
@@ -233,11 +200,11 @@ async def test_an_oversized_upload_is_413_and_writes_nothing(runner: Runner, kin
                  {"path": "b.bin", "content": b64(too_much[300_000:])}]  # fmt: skip
         status, answer = await runner.api("PUT", "/files", {"files": files})
     elif kind == "tar":
-        status, answer = await put_raw(runner, tar_of((member("big"), too_much)), TAR)
+        status, answer = await put_raw(runner, tar_of(file("big", too_much)), TAR)
     else:
 
         async def chunks() -> AsyncIterator[bytes]:
-            body = tar_of((member("big"), too_much))
+            body = tar_of(file("big", too_much))
             for start in range(0, len(body), 65536):
                 yield body[start : start + 65536]
 
@@ -259,3 +226,21 @@ async def test_file_requests_are_activity(runner: Runner) -> None:
     await wait_until(expiry_moved, what="a file request to move expiresAt")
     _, metrics = await runner.harness.api(runner.controller, "GET", "/metrics", token=None)
     assert 'poolkeeper_file_requests_total{op="list",pool="default/py",result="ok"}' in metrics
+
+
+async def test_an_abandoned_download_ends_its_command_quietly(
+    harness: Harness, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    pools = write_pools(tmp_path / "pools.yaml", pool_doc("py", idle=1))
+    runner = await claimed_runner(harness, await harness.start(pools, access_log=True))
+    name = f"big-{secrets.token_hex(6)}.bin"
+    with (runner.task_dir() / name).open("wb") as big:
+        big.truncate(4 * 1024**3)  # sparse: more than a test would ever read
+    caplog.set_level(logging.INFO)
+    url = runner.controller.url + runner.path + "/files/content"
+    await abandon_download(url, {"Authorization": f"Bearer {TOKEN}"}, name)
+
+    await wait_until(lambda: not readers_of(name), within=10, what="the download's cat to end")
+    await wait_until(lambda: bool(access_log(caplog)), what="the download's access-log line")
+    assert access_log(caplog) == [("/v1/runners/{runnerId}/files/content", 499)]
+    assert_one_quiet_line(caplog, runner.id)

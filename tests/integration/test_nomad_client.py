@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import subprocess
@@ -23,6 +24,7 @@ from controller.nomad.errors import (
     NomadPermissionDenied,
     NomadUnavailable,
 )
+from controller.nomad.exec import ExecRefused
 from tests.integration.fake_http import Loopback, multi_query
 from tests.support.ports import free_port
 
@@ -454,6 +456,18 @@ async def test_proxy_from_the_environment_is_used_unless_bypassed(serve, make_cl
     assert len(proxy.seen) == 1
 
 
+async def test_a_proxy_with_credentials_is_sent_them(serve, make_client, monkeypatch):
+    # aiohttp 3.14 deprecates proxy_auth for proxy_headers, which reach only a CONNECT:
+    # a plain http:// Nomad behind the proxy would lose the header.
+    proxy = await serve({"GET /v1/status/leader": sequence(lambda: web.json_response("p:4647"))})
+    monkeypatch.setenv("HTTP_PROXY", proxy.url.replace("http://", "http://puser:ppass@"))
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    assert await make_client("http://nomad.invalid:4646").leader() == "p:4647"
+    sent = proxy.seen[0].headers["Proxy-Authorization"]
+    assert sent == "Basic " + base64.b64encode(b"puser:ppass").decode()
+
+
 async def test_token_never_in_errors_or_logs(serve, make_client, caplog):
     caplog.set_level(logging.DEBUG)
 
@@ -484,6 +498,33 @@ async def test_token_never_in_errors_or_logs(serve, make_client, caplog):
     assert caplog.records, "retries should have been logged"
     assert TOKEN not in caplog.text
     assert TOKEN not in repr(client)
+
+
+async def test_url_credentials_never_in_errors_or_logs(serve, make_client, caplog, monkeypatch):
+    caplog.set_level(logging.DEBUG)
+
+    async def leaky(_: web.Request) -> web.Response:
+        # A proxy in front of Nomad that names its upstream, credentials and all.
+        return text(500, "upstream https://admin:hunter2@nomad-internal:4646 refused")
+
+    fake = await serve({"GET /v1/jobs": leaky})
+    errors: list[BaseException] = []
+    with pytest.raises(NomadError) as info:
+        await make_client(fake.url).list_jobs("default")
+    errors.append(info.value)
+    # A forward proxy with credentials that does not answer.
+    monkeypatch.setenv("HTTP_PROXY", f"http://proxy-user:hunter2@127.0.0.1:{free_port()}")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    with pytest.raises(NomadUnavailable) as info:
+        await make_client("http://nomad.invalid:4646").leader()
+    errors.append(info.value)
+    errors.append(ExecRefused(1011, "dial https://admin:hunter2@10.0.0.1:4647: refused"))
+
+    assert "upstream https://<redacted>@nomad-internal:4646 refused" in str(errors[0])
+    for error in errors:
+        assert "hunter2" not in str(error), error
+    assert "hunter2" not in caplog.text
 
 
 # -- TLS -----------------------------------------------------------------------------------------

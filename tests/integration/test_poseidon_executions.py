@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import os
 import pwd
+import secrets
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -22,6 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from controller.core.times import parse_time
+from controller.executions.manager import MAX_WAITING_PER_RUNNER
 from controller.lab.simulator import Simulator
 from controller.nomad.jobs import TASK_NAME
 from controller.standalone import Controller
@@ -31,7 +34,14 @@ from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
 from .conftest import TOKEN, FakeClock, Harness, write_pools
-from .executions_support import Stream, gone
+from .executions_support import (
+    Stream,
+    abandon_download,
+    access_log,
+    assert_one_quiet_line,
+    gone,
+    readers_of,
+)
 from .test_poseidon import (
     MANAGED,
     NO_RUNNER,
@@ -332,6 +342,11 @@ async def test_bad_input_on_runner_routes_is_answered_as_poseidon_answers_it(
         400,
         b'{"message":"illegal base64 data at input byte 4"}',
     )
+    not_ascii = await session.copy(copy=[{"path": "a.py", "content": "aGk\u00e9"}])
+    assert (not_ascii.status, not_ascii.body) == (
+        400,
+        b'{"message":"illegal base64 data at input byte 3"}',
+    )
     escaping = await session.copy(copy=[{"path": "../outside.py", "content": ""}])
     assert (
         escaping.status == 400
@@ -507,3 +522,52 @@ async def test_any_path_to_list_or_download_is_a_listing_a_file_or_424(
     assert raw.status in (200, 424), raw
     if raw.status == 424:
         assert raw.body == NO_FILE
+
+
+async def test_an_abandoned_raw_download_ends_its_command_quietly(
+    harness: Harness, tmp_path: Path, http, caplog: pytest.LogCaptureFixture
+) -> None:
+    pool = environment_pool("python", 10, 1)
+    controller = await start(harness, tmp_path, pool, access_log=True)
+    session = await Session.claim(CodeOcean(http, controller), 10)
+    name = f"big-{secrets.token_hex(6)}.bin"
+    with (task_dir(harness, session.runner_id) / name).open("wb") as big:
+        big.truncate(4 * 1024**3)  # sparse: more than a test would ever read
+    caplog.set_level(logging.INFO)
+    url = f"{controller.url}/api/v1{session.path}/files/raw"
+    await abandon_download(url, {"Poseidon-Token": TOKEN}, name)
+
+    await wait_until(lambda: not readers_of(name), within=10, what="the download's cat to end")
+    await wait_until(lambda: bool(access_log(caplog)), what="the download's access-log line")
+    assert access_log(caplog) == [("/api/v1/runners/{runnerId}/files/raw", 499)]
+    assert_one_quiet_line(caplog, session.runner_id)
+
+
+@pytest.mark.parametrize("end", ["release", "expiry", "loss"])
+async def test_stored_executions_are_bounded_and_forgotten_when_the_claim_ends(
+    harness: Harness, tmp_path: Path, http, end: str
+) -> None:
+    clock = FakeClock()
+    controller = await start(harness, tmp_path, environment_pool("python", 10, 1), clock=clock)
+    codeocean = CodeOcean(http, controller)
+    session = await Session.claim(codeocean, 10, inactivity=30)
+    command = "echo " + "x" * 60_000
+    for _ in range(MAX_WAITING_PER_RUNNER):
+        assert (await session.execute(command)).status == 200
+    refused = await session.execute(command)
+    assert refused.status == 400, refused
+    assert f"{MAX_WAITING_PER_RUNNER} executions waiting" in refused.json()["message"]
+    manager = controller.executions
+    assert manager.waiting(session.runner_id) == MAX_WAITING_PER_RUNNER
+
+    if end == "release":
+        assert (await codeocean.call("DELETE", session.path)).status == 204
+    elif end == "expiry":
+        clock.advance(31)
+        await controller.engine.reconcile_namespace("default")  # the holder expires it
+    else:
+        claim = harness.sim.variables("default")[f"poolkeeper/claims/{session.runner_id}"]
+        await harness.sim.oom_restart(claim["Items"]["allocationId"])
+    await wait_until(
+        lambda: manager.waiting(session.runner_id) == 0, what=f"the {end} to forget them"
+    )

@@ -20,11 +20,12 @@ from controller.executions.commands import (
     InvalidValue,
     PidMarker,
     TextStream,
+    download_command,
     execution_command,
     kill_command,
     list_command,
+    parse_download_head,
     parse_listing,
-    parse_size_line,
     runner_path,
     stderr_end_command,
     stderr_into,
@@ -232,8 +233,21 @@ def test_a_truncated_listing_is_refused() -> None:
         parse_listing(b"f\x00644\x005\x00", runner_path("."))
 
 
-def test_size_lines() -> None:
-    assert parse_size_line(b"12") is None
-    assert parse_size_line(b"12\nabc") == (12, b"abc")
-    with pytest.raises(ValueError):
-        parse_size_line(b"x\n")
+def test_download_heads() -> None:
+    assert parse_download_head(b"345 12") is None
+    assert parse_download_head(b"345 12\nabc") == (345, 12, b"abc")
+    for bad in (b"x\n", b"12\n", b"345 x\n", b"1" * 65):
+        with pytest.raises(ValueError):
+            parse_download_head(bad)
+
+
+def test_a_download_names_its_cat_which_a_kill_ends(tmp_path: Path) -> None:
+    (tmp_path / "big").write_bytes(bytes(1024 * 1024))  # more than a pipe holds
+    argv = download_command(None, runner_path("big"))
+    process = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE)
+    assert process.stdout is not None
+    head = parse_download_head(process.stdout.readline())
+    assert head is not None and head[:2] == (process.pid, 1024 * 1024)  # `exec` kept the PID
+    # Nobody reads on: cat waits on its full pipe until killed.
+    subprocess.run(kill_command(process.pid, group=False), check=True, timeout=30)
+    assert process.wait(timeout=30) == -9

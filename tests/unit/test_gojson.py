@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+
+import jsonschema
 import pytest
 
 from controller.core.gojson import (
@@ -13,6 +16,7 @@ from controller.core.gojson import (
     go_bool,
     go_int,
     go_marshal,
+    json_schema,
     unmarshal_strings,
 )
 
@@ -185,3 +189,51 @@ def test_strconv_texts() -> None:
 def test_marshal_is_compact_utf8_with_go_html_escapes() -> None:
     text = go_marshal({"message": "a <b> & c\u2028", "é": [1, None, True]})
     assert text == '{"message":"a \\u003cb\\u003e \\u0026 c\\u2028","é":[1,null,true]}'
+
+
+STRUCT = GoStruct(
+    "dto.Example",
+    {
+        "size": "uint16",
+        "count": "int",
+        "name": "string",
+        "on": "bool",
+        "data": "[]uint8",
+        "tags": GoSlice("string"),
+        "labels": GoMap("string"),
+    },
+)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"size": 65535, "count": -3, "name": "x", "on": true, "data": "aGk=",'
+        ' "tags": ["a"], "labels": {"k": "v"}, "unknown": [1]}',
+        '{"data": null, "tags": null, "labels": null}',
+        "{}",
+    ],
+)
+def test_the_json_schema_takes_what_go_decodes(raw: str) -> None:
+    decode_struct(raw, STRUCT)  # Go takes it
+    jsonschema.validate(json.loads(raw), json_schema(STRUCT))
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"size": 65536}',
+        '{"size": -1}',
+        '{"count": 9223372036854775808}',
+        '{"name": 5}',
+        '{"on": "true"}',
+        '{"data": "aGk"}',
+        '{"tags": [1]}',
+        '{"labels": {"k": 1}}',
+    ],
+)
+def test_the_json_schema_refuses_what_go_refuses(raw: str) -> None:
+    with pytest.raises(GoJSONError):
+        decode_struct(raw, STRUCT)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(json.loads(raw), json_schema(STRUCT))

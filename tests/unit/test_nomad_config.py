@@ -2,7 +2,7 @@ import ssl
 
 import pytest
 
-from controller.nomad.config import ConfigError, NomadConfig
+from controller.nomad.config import REDACTED, ConfigError, NomadConfig, scrub
 
 TOKEN = "s3cr3t-token-0123456789"
 
@@ -46,7 +46,6 @@ BAD_VALUES = {
         "http://nomad:notaport",
         "http://nomad:99999",
         "http://nomad:4646/ui",
-        "http://user:pw@nomad:4646",
     ],
     "NOMAD_CACERT": ["/nonexistent/ca.pem"],
     "NOMAD_CLIENT_CERT": ["/nonexistent/c.pem"],
@@ -63,6 +62,45 @@ def test_bad_values_name_the_variable_and_value(named, value):
     assert named in message
     assert value in message
     assert TOKEN not in message
+
+
+# Addresses with credentials, each refused on another of the parser's paths; the
+# password is "hunter2" in each.
+WITH_CREDENTIALS = [
+    "https://user:hunter2@nomad:4646",
+    "https://:hunter2@nomad:4646",
+    "https://hunter2@nomad:4646",
+    "https://user:hun@ter2@nomad:4646",  # an `@` in the password, not percent-encoded
+    "https://user:hunter2@nomad:notaport",
+    "https://user:hunter2@nomad:99999",
+    "ftp://user:hunter2@nomad:21",
+    "https://user:hunter2@",
+    "https://user:hunter2@nomad:4646/ui?x=1",
+    "https://user:hunter2@[::1",
+]
+
+
+@pytest.mark.parametrize("value", WITH_CREDENTIALS)
+def test_an_address_with_credentials_is_refused_without_echoing_them(value):
+    with pytest.raises(ConfigError) as info:
+        NomadConfig.from_env({"NOMAD_ADDR": value, "NOMAD_TOKEN": TOKEN})
+    message = str(info.value)
+    assert message.startswith("NOMAD_ADDR: invalid address")
+    assert f"{REDACTED}@" in message
+    for secret in ("hunter2", "hun", "ter2", TOKEN):
+        assert secret not in message, message
+
+
+def test_scrub_masks_the_token_and_every_url_credential():
+    text = (
+        f"GET http://a:b@nomad:4646/v1/jobs: 500 upstream https://admin:pw@10.0.0.1 "
+        f"refused 'http://u@x' with {TOKEN}; user@example.org wrote it"
+    )
+    assert scrub(text, TOKEN) == (
+        f"GET http://{REDACTED}@nomad:4646/v1/jobs: 500 upstream https://{REDACTED}@10.0.0.1 "
+        f"refused 'http://{REDACTED}@x' with {REDACTED}; user@example.org wrote it"
+    )
+    assert scrub("http://nomad:4646/v1/jobs?x=1") == "http://nomad:4646/v1/jobs?x=1"
 
 
 def test_client_key_without_cert_is_refused(tmp_path):
