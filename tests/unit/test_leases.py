@@ -293,7 +293,8 @@ class Watcher:
         self, path: str, namespace: str, index: int, wait_seconds: float
     ) -> tuple[dict[str, Any] | None, int]:
         self.waited.append(path)
-        return await self.port.read_variable(path, namespace), index + 1
+        await asyncio.sleep(wait_seconds)  # nothing changes: a blocking read waits it out
+        return await self.port.read_variable(path, namespace), index
 
 
 async def test_a_lease_held_elsewhere_is_watched_on_the_watch_session() -> None:
