@@ -10,6 +10,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
+from datetime import timedelta
 
 from controller.claims.runners import gone, read_claim
 from controller.claims.store import ClaimStore
@@ -22,6 +23,10 @@ from controller.nomad.errors import NomadError
 log = logging.getLogger(__name__)
 
 REQUEST_RECORD_WAIT_SECONDS = 2.0
+# A claimer answers within its wait and this: a record still empty after it belongs to a
+# claimer that died (a replica killed between its record and its claim), and a repeat
+# takes it over rather than waiting for its collection.
+ANSWER_GRACE_SECONDS = 10.0
 
 
 class RequestIds:
@@ -35,9 +40,14 @@ class RequestIds:
         the same requestId took (False)."""
         namespace = one_namespace(ask.entries)
         keys = tuple(entry.key for entry in ask.entries)
-        record, created = await self.store.create_request(request_id, namespace, keys, ask.count)
+        served_until = self.taker.directory.clock() + timedelta(
+            seconds=ask.wait_seconds + ANSWER_GRACE_SECONDS
+        )
+        record, created = await self.store.create_request(
+            request_id, namespace, keys, ask.count, served_until
+        )
         if not created:
-            return await self._answer_repeated(ask, request_id, record), False
+            return await self._answer_repeated(ask, request_id, record)
         try:
             records = await self.taker.take(ask, request_id)
         except (ServiceError, NomadError):
@@ -81,7 +91,9 @@ class RequestIds:
 
     async def _answer_repeated(
         self, ask: Ask, request_id: str, found: RequestRecord
-    ) -> list[ClaimRecord]:
+    ) -> tuple[list[ClaimRecord], bool]:
+        """The claims an earlier request took (False), or new ones (True) where the record
+        was dropped or abandoned."""
         namespace = one_namespace(ask.entries)
         asked = (tuple(entry.key for entry in ask.entries), ask.count)
         deadline = time.monotonic() + REQUEST_RECORD_WAIT_SECONDS
@@ -90,19 +102,24 @@ class RequestIds:
             if current is None:
                 current = await self.store.read_request(request_id, namespace)
                 if current is None:  # dropped by a claimer that found no runner: start over
-                    records, _ = await self.take(ask, request_id)
-                    return records
+                    return await self.take(ask, request_id)
             if current.asked != asked:
                 raise ServiceError(
                     ErrorCode.REQUEST_ID_CONFLICT,
                     f"requestId {request_id} was used for another request "
                     f"(pools {', '.join(current.asked[0])}, count {current.count or 1})",
                 )
-            runner_ids = current.runner_ids or await self._runners_from_claims(
-                namespace, request_id, ask.runners
-            )
+            carried = () if current.runner_ids else await self._carried(namespace, request_id)
+            runner_ids = current.runner_ids or (carried if len(carried) == ask.runners else ())
             if runner_ids:
-                return [await self._still_claimed(runner_id, namespace) for runner_id in runner_ids]
+                records = [await self._still_claimed(r, namespace) for r in runner_ids]
+                return records, False
+            if not carried and current.abandoned(self.taker.directory.clock()):
+                # Its claimer died before claiming: take the request over (check-and-set,
+                # so of two repeats one does), then claim afresh.
+                if await self.store.drop_request(current):
+                    log.info("request %s: its claimer never answered; taken over", request_id)
+                return await self.take(ask, request_id)
             if time.monotonic() >= deadline:
                 raise ServiceError(
                     ErrorCode.NOMAD_UNAVAILABLE,
@@ -121,15 +138,11 @@ class RequestIds:
             raise gone(record)
         return record
 
-    async def _runners_from_claims(
-        self, namespace: str, request_id: str, count: int
-    ) -> tuple[str, ...]:
-        """The runners whose claims carry this requestId, once all `count` of them are
-        there (claims read through the store's cache, so only changed variables are
-        read); nothing while a batch is still being claimed."""
+    async def _carried(self, namespace: str, request_id: str) -> tuple[str, ...]:
+        """The runners whose claims carry this requestId (claims read through the store's
+        cache, so only changed variables are read); a batch may still be being claimed."""
         claims, _ = await self.store.read_all(namespace)
-        found = tuple(sorted(c.runner_id for c in claims.values() if c.request_id == request_id))
-        return found if len(found) == count else ()
+        return tuple(sorted(c.runner_id for c in claims.values() if c.request_id == request_id))
 
 
 def one_namespace(entries: Sequence[PoolEntry]) -> str:

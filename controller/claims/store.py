@@ -171,13 +171,18 @@ class ClaimStore:
     # -- request records -----------------------------------------------------------------
 
     async def create_request(
-        self, request_id: str, namespace: str, pools: tuple[str, ...], count: int | None
+        self,
+        request_id: str,
+        namespace: str,
+        pools: tuple[str, ...],
+        count: int | None,
+        served_until: datetime | None = None,
     ) -> tuple[RequestRecord, bool]:
         """Take a requestId (cas=0) for a claim from `pools` (in order) of `count` runners
         (None: one, not a batch). Returns (record, True) when this call took it, or (the
         record Nomad holds, False) when it was taken before; that record may still be
         empty if its writer has only just created it."""
-        record = RequestRecord.new(request_id, namespace, pools, count)
+        record = RequestRecord.new(request_id, namespace, pools, count, served_until)
         try:
             stored = await self._port.put_variable(record.path, record.to_items(), namespace, cas=0)
         except NomadConflict as conflict:

@@ -38,7 +38,12 @@ _ITEM_RUNNER = "runnerId"
 _ITEM_RUNNERS = "runnerIds"  # a batch: its runners, comma-separated
 _ITEM_POOLS = "pools"  # a claim from a list of pools: the list, comma-separated
 _ITEM_COUNT = "count"  # a batch: how many runners it claims
-_REQUEST_ITEMS = frozenset({_ITEM_POOL, _ITEM_RUNNER, _ITEM_RUNNERS, _ITEM_POOLS, _ITEM_COUNT})
+# When its claimer answers at the latest (its wait, and a grace); an empty record past it
+# belongs to a claimer that died, and whoever repeats the request takes it over.
+_ITEM_SERVED_UNTIL = "servedUntil"
+_REQUEST_ITEMS = frozenset(
+    {_ITEM_POOL, _ITEM_RUNNER, _ITEM_RUNNERS, _ITEM_POOLS, _ITEM_COUNT, _ITEM_SERVED_UNTIL}
+)
 _KNOWN_ITEMS = frozenset(
     {
         _ITEM_POOL,
@@ -259,7 +264,8 @@ class RequestRecord:
 
     Items: `pool` (the pool claimed from; until then the first pool asked for), `pools`
     (a claim from a list of pools: the list), `count` (a batch: how many runners) and,
-    once the claims are written, `runnerId` (one runner) or `runnerIds` (a batch)."""
+    once the claims are written, `runnerId` (one runner) or `runnerIds` (a batch);
+    `servedUntil`, when its claimer answers at the latest."""
 
     request_id: str
     namespace: str
@@ -269,12 +275,23 @@ class RequestRecord:
     runner_ids: tuple[str, ...] = ()
     modify_index: int = 0
     extra: dict[str, str] = field(default_factory=dict, hash=False)
+    served_until: datetime | None = None  # None: written by a version that did not say
 
     @classmethod
     def new(
-        cls, request_id: str, namespace: str, pools: tuple[str, ...], count: int | None
+        cls,
+        request_id: str,
+        namespace: str,
+        pools: tuple[str, ...],
+        count: int | None,
+        served_until: datetime | None = None,
     ) -> RequestRecord:
-        return cls(request_id, namespace, pools[0], pools if len(pools) > 1 else (), count)
+        many = pools if len(pools) > 1 else ()
+        return cls(request_id, namespace, pools[0], many, count, served_until=served_until)
+
+    def abandoned(self, now: datetime) -> bool:
+        """Empty past the time its claimer would have answered: the claimer died."""
+        return not self.runner_ids and self.served_until is not None and now > self.served_until
 
     @classmethod
     def from_variable(cls, var: Mapping[str, Any]) -> RequestRecord:
@@ -284,6 +301,11 @@ class RequestRecord:
         runners = items.get(_ITEM_RUNNERS) or items.get(_ITEM_RUNNER)
         pools = items.get(_ITEM_POOLS)
         count = items.get(_ITEM_COUNT)
+        served = items.get(_ITEM_SERVED_UNTIL)
+        try:
+            served_until = parse_time(served) if isinstance(served, str) else None
+        except ValueError:
+            served_until = None
         return cls(
             request_id=path.removeprefix(REQUESTS_PREFIX),
             namespace=str_field(var, "Namespace", "default") or "default",
@@ -297,6 +319,7 @@ class RequestRecord:
                 for k, v in items.items()
                 if k not in _REQUEST_ITEMS and isinstance(v, str)
             },
+            served_until=served_until,
         )
 
     @property
@@ -321,4 +344,6 @@ class RequestRecord:
         if self.runner_ids:
             key = _ITEM_RUNNER if self.count is None else _ITEM_RUNNERS
             items[key] = ",".join(self.runner_ids)
+        if self.served_until is not None:
+            items[_ITEM_SERVED_UNTIL] = format_time(self.served_until)
         return items

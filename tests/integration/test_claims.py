@@ -62,6 +62,40 @@ async def test_claim_hands_out_an_idle_runner_and_refills(harness: Harness, tmp_
     assert listing == {"claims": [claim]}
 
 
+async def test_a_request_id_whose_claimer_died_before_claiming_is_taken_over(
+    harness: Harness, tmp_path
+):
+    """A replica killed between writing the request record and the claim leaves the record
+    empty: a repeat past the claimer's time to answer claims afresh, one before it waits
+    and answers 503 to retry."""
+    controller, _ = await filled(harness, tmp_path, idle=2)
+    now = datetime.now(UTC)
+    for request_id, served_until in (
+        ("died", now - timedelta(seconds=1)),
+        ("slow", now + timedelta(seconds=60)),
+    ):
+        harness.sim.put_variable(
+            "default",
+            f"poolkeeper/requests/{request_id}",
+            {"pool": "default/py", "servedUntil": served_until.strftime("%Y-%m-%dT%H:%M:%SZ")},
+            0,
+        )
+    status, claim = await harness.api(controller, "POST", CLAIMS, {"requestId": "died"})
+    assert status == 201, claim
+    record = harness.sim.variables()["poolkeeper/requests/died"]["Items"]
+
+    async def completed() -> bool:
+        record = harness.sim.variables()["poolkeeper/requests/died"]["Items"]
+        return bool(record.get("runnerId") == claim["runnerId"])
+
+    await wait_until(completed, what="the taken-over record to name the runner")
+    assert record["pool"] == "default/py"
+    status, again = await harness.api(controller, "POST", CLAIMS, {"requestId": "died"})
+    assert (status, again["runnerId"]) == (200, claim["runnerId"])
+    status, busy = await harness.api(controller, "POST", CLAIMS, {"requestId": "slow"})
+    assert (status, busy["error"]["code"]) == (503, "NomadUnavailable"), busy
+
+
 async def test_request_id_makes_a_claim_idempotent(harness: Harness, tmp_path):
     controller, pools = await filled(harness, tmp_path, idle=3)
     replica = await harness.start_api_tier()
