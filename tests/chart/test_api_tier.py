@@ -349,6 +349,12 @@ def test_values_schema_rejects_bad_api_values(key: str, value: str) -> None:
     refusal({key: value})
 
 
+def test_values_from_an_older_chart_are_refused_with_the_flag_to_use() -> None:
+    """`helm upgrade --reuse-values` renders the new chart with the previous chart's
+    defaults, which have no `api`."""
+    assert "upgrade with --reset-then-reuse-values" in refusal({"api": "null"})
+
+
 def test_notes_describe_both_tiers(tmp_path: Path) -> None:
     notes = render_notes(tmp_path / "a", {})
     assert "The API tier (2 replicas of Deployment pk-poolkeeper-api) serves the clients" in notes

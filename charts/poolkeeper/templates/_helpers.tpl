@@ -35,6 +35,18 @@ app.kubernetes.io/part-of: poolkeeper
 {{- end }}
 
 {{/*
+"true" when the API tier is on, else empty. Values without `api` come from
+`helm upgrade --reuse-values`, which keeps the previous chart's defaults: refused, naming
+the flag that merges the new defaults.
+*/}}
+{{- define "poolkeeper.api.enabled" -}}
+{{- if not (hasKey .Values "api") }}
+{{- fail "the values have no api.* (helm upgrade --reuse-values keeps the previous chart's defaults): upgrade with --reset-then-reuse-values instead (docs/operator.md, Upgrade)" }}
+{{- end }}
+{{- if .Values.api.enabled }}true{{ end }}
+{{- end }}
+
+{{/*
 The API tier's objects. Its pods carry another app.kubernetes.io/name than the operator's:
 the operator Deployment's selector (name and instance) is immutable, and must not match
 the API pods.
@@ -65,7 +77,7 @@ app.kubernetes.io/component: api
 
 {{/* The labels of the pods behind the client Service: the API tier's, or the operator's. */}}
 {{- define "poolkeeper.client.selectorLabels" -}}
-{{- if .Values.api.enabled }}
+{{- if include "poolkeeper.api.enabled" . }}
 {{- include "poolkeeper.api.selectorLabels" . }}
 {{- else }}
 {{- include "poolkeeper.selectorLabels" . }}
