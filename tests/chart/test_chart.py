@@ -1,4 +1,5 @@
-"""The Helm chart: lint, render, validate offline, and check what the operator relies on."""
+"""The Helm chart: lint, render, validate offline, and check what the operator relies on
+(the API tier's own objects: test_api_tier.py)."""
 
 from __future__ import annotations
 
@@ -28,52 +29,20 @@ from tests.chart.helm import (
     set_args,
     template,
 )
+from tests.chart.scenarios import SCENARIOS
+from tests.chart.workloads import (
+    API,
+    OPERATOR,
+    container,
+    deployment,
+    env,
+    mounted_secret_files,
+    named,
+    pod,
+    selected,
+    selects,
+)
 
-# Each optional feature switched on alone, and the other modes of the chart.
-SCENARIOS: Final[dict[str, dict[str, str]]] = {
-    "default": {},
-    "serviceMonitor": {"serviceMonitor.enabled": "true"},
-    "podDisruptionBudget": {"podDisruptionBudget.enabled": "true"},
-    "networkPolicy": {
-        "networkPolicy.enabled": "true",
-        "networkPolicy.ingressFrom": json.dumps(
-            [{"namespaceSelector": {"matchLabels": {"team": "platform"}}}]
-        ),
-    },
-    "grafanaDashboard": {"grafanaDashboard.enabled": "true"},
-    "prometheusRule": {"prometheusRule.enabled": "true"},
-    "logs": {"logFormat": '"json"', "accessLog": "true"},
-    "allNamespaces": {"watch.allNamespaces": "true"},
-    "namespaces": {"watch.namespaces": '["team-a", "team-b"]'},
-    "nomadTls": {"nomad.caCert": "true", "nomad.clientCert": "true"},
-    "insecureNoAuth": {"apiTokens.insecureNoAuth": "true"},
-    "poseidon": {"poseidon.enabled": "true"},
-    "poseidonManaged": {
-        "poseidon.enabled": "true",
-        "poseidon.environments": '"managed"',
-        "poseidon.depletingThreshold": "0.25",
-        "poseidon.environmentTemplate": json.dumps(
-            {"metadata": {"namespace": "codeocean"}, "spec": {"maxRunners": 50}}
-        ),
-    },
-    "apiTls": {
-        "apiTls.secretName": '"poolkeeper-api-tls"',
-        "serviceMonitor.enabled": "true",
-        "serviceMonitor.tlsConfig": '{"serverName": "poolkeeper"}',
-    },
-    "everything": {
-        "serviceMonitor.enabled": "true",
-        "podDisruptionBudget.enabled": "true",
-        "networkPolicy.enabled": "true",
-        "grafanaDashboard.enabled": "true",
-        "prometheusRule.enabled": "true",
-        "watch.allNamespaces": "true",
-        "nomad.caCert": "true",
-        "nomad.namespace": '"runners"',
-        "nomad.region": '"eu"',
-        "replicaCount": "3",
-    },
-}
 KUBERNETES_VERSION: Final = "1.32"
 
 CRD_FILE: Final = "runnerpools.poolkeeper.dev.yaml"
@@ -102,12 +71,16 @@ def _peering_schemas() -> dict[str, Mapping[str, Any]]:
 
 def _check_service_monitor(manifest: Manifest, manifests: list[Manifest]) -> None:
     """No Kubernetes schema exists for the Prometheus operator's ServiceMonitor: check the
-    fields it is used by against the Service it must find."""
-    service = only(manifests, "Service")
+    fields it is used by against the one Service it must find, whose pods are those of the
+    Deployment of the same name (the operator's, or the API tier's)."""
     spec = manifest["spec"]
     assert set(spec) == {"selector", "namespaceSelector", "endpoints"}
-    labels = service["metadata"]["labels"]
-    assert spec["selector"]["matchLabels"].items() <= labels.items()
+    (service,) = [
+        m
+        for m in of_kind(manifests, "Service")
+        if selects(spec["selector"]["matchLabels"], m["metadata"]["labels"])
+    ]
+    assert selected(manifests, service["spec"]["selector"]) == {manifest["metadata"]["name"]}
     assert spec["namespaceSelector"] == {"matchNames": [NAMESPACE]}
     (endpoint,) = spec["endpoints"]
     assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
@@ -151,26 +124,32 @@ def test_every_rendered_manifest_is_valid_for_kubernetes_1_32(scenario: str) -> 
 
 def test_offline_validation_catches_a_misspelled_field() -> None:
     manifests = copy.deepcopy(render())
-    deployment = only(manifests, "Deployment")
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
-    container["securityContext"]["readOnlyRootFileSystem"] = True
+    (operator,) = pod(manifests)["containers"]
+    operator["securityContext"]["readOnlyRootFileSystem"] = True
     problems = validate_offline(manifests)
     assert len(problems) == 1 and "readOnlyRootFileSystem" in problems[0]
 
 
 @pytest.mark.parametrize(
-    ("scenario", "kind"),
+    ("scenario", "kind", "names"),
     [
-        ("serviceMonitor", "ServiceMonitor"),
-        ("podDisruptionBudget", "PodDisruptionBudget"),
-        ("networkPolicy", "NetworkPolicy"),
-        ("grafanaDashboard", "ConfigMap"),
-        ("prometheusRule", "PrometheusRule"),
+        ("serviceMonitor", "ServiceMonitor", {OPERATOR, API}),
+        ("podDisruptionBudget", "PodDisruptionBudget", {OPERATOR}),
+        ("networkPolicy", "NetworkPolicy", {OPERATOR, API}),
+        ("grafanaDashboard", "ConfigMap", {"pk-poolkeeper-dashboard"}),
+        ("prometheusRule", "PrometheusRule", {"pk-poolkeeper"}),
     ],
 )
-def test_optional_features_render_only_when_enabled(scenario: str, kind: str) -> None:
-    assert of_kind(render(), kind) == []
-    assert len(of_kind(render(SCENARIOS[scenario]), kind)) == 1
+def test_optional_features_render_only_when_enabled(
+    scenario: str, kind: str, names: set[str]
+) -> None:
+    def rendered(values: dict[str, str]) -> set[str]:
+        return {m["metadata"]["name"] for m in of_kind(render(values), kind)}
+
+    # The API tier's budget is the one on by default (test_api_tier.py).
+    on_by_default = {API} if kind == "PodDisruptionBudget" else set()
+    assert rendered({}) == on_by_default
+    assert rendered(SCENARIOS[scenario]) == on_by_default | names
 
 
 # --- values.schema.json -------------------------------------------------------------------
@@ -303,7 +282,7 @@ def test_namespaced_rbac_is_exactly_the_least_privilege_set(
     roles = of_kind(manifests, "Role")
     bindings = of_kind(manifests, "RoleBinding")
     assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(namespaces)
-    account = only(manifests, "ServiceAccount")["metadata"]
+    account = named(manifests, "ServiceAccount", OPERATOR)["metadata"]
     for role in roles:
         _no_wildcards(role)
         assert _rules(role) == expected_rules("kopfpeerings")
@@ -338,7 +317,7 @@ def test_all_namespaces_rbac_is_a_cluster_role_with_the_same_rules() -> None:
         "kind": "ClusterRole",
         "name": role["metadata"]["name"],
     }
-    account = only(manifests, "ServiceAccount")["metadata"]
+    account = named(manifests, "ServiceAccount", OPERATOR)["metadata"]
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
     ]
@@ -347,18 +326,8 @@ def test_all_namespaces_rbac_is_a_cluster_role_with_the_same_rules() -> None:
 # --- the Deployment -----------------------------------------------------------------------
 
 
-def _pod(manifests: list[Manifest]) -> dict[str, Any]:
-    spec: dict[str, Any] = only(manifests, "Deployment")["spec"]["template"]["spec"]
-    return spec
-
-
-def _container(manifests: list[Manifest]) -> dict[str, Any]:
-    (container,) = _pod(manifests)["containers"]
-    return dict(container)
-
-
 def test_deployment_args_in_namespaced_mode() -> None:
-    assert _container(render())["args"] == [
+    assert container(render())["args"] == [
         "operator",
         "--peering",
         "poolkeeper",
@@ -375,9 +344,9 @@ def test_deployment_args_in_namespaced_mode() -> None:
         "--api-token-file",
         "/etc/poolkeeper/api/tokens",
     ]
-    logs = _container(render(SCENARIOS["logs"]))["args"]
+    logs = container(render(SCENARIOS["logs"]))["args"]
     assert logs[logs.index("--log-format") :][:3] == ["--log-format", "json", "--access-log"]
-    args = _container(render(SCENARIOS["namespaces"]))["args"]
+    args = container(render(SCENARIOS["namespaces"]))["args"]
     assert args[args.index("--namespace") :][:4] == [
         "--namespace",
         "team-a",
@@ -389,7 +358,7 @@ def test_deployment_args_in_namespaced_mode() -> None:
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_no_priority_is_passed_and_the_scope_is_exclusive(scenario: str) -> None:
     """Replicas draw distinct random priorities themselves: the chart must not pin one."""
-    args = _container(render(SCENARIOS[scenario]))["args"]
+    args = container(render(SCENARIOS[scenario]))["args"]
     assert not any(arg.startswith("--priority") for arg in args)
     assert args[:2] == ["operator", "--peering"]
     assert ("--all-namespaces" in args) != ("--namespace" in args)
@@ -398,7 +367,7 @@ def test_no_priority_is_passed_and_the_scope_is_exclusive(scenario: str) -> None
 
 def test_all_namespaces_mode() -> None:
     manifests = render(SCENARIOS["allNamespaces"])
-    args = _container(manifests)["args"]
+    args = container(manifests)["args"]
     assert "--all-namespaces" in args
     peering = only(manifests, "ClusterKopfPeering")
     assert of_kind(manifests, "KopfPeering") == []
@@ -414,47 +383,51 @@ def test_a_peering_object_exists_where_the_operator_looks(
     scenario: str, namespaces: list[str]
 ) -> None:
     manifests = render(SCENARIOS[scenario])
-    args = _container(manifests)["args"]
+    args = container(manifests)["args"]
     peerings = of_kind(manifests, "KopfPeering")
     assert {p["metadata"]["name"] for p in peerings} == {args[args.index("--peering") + 1]}
     assert sorted(p["metadata"]["namespace"] for p in peerings) == sorted(namespaces)
 
 
 def test_replicas_and_update_strategy() -> None:
-    deployment = only(render(), "Deployment")
-    assert deployment["spec"]["replicas"] == 2
+    operator = deployment(render())
+    assert operator["spec"]["replicas"] == 2
     # Passive replicas never become ready, so a rolling update could never progress.
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
-    assert only(render({"replicaCount": "3"}), "Deployment")["spec"]["replicas"] == 3
+    assert operator["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment(render({"replicaCount": "3"}))["spec"]["replicas"] == 3
 
 
 def test_hardened_security_context() -> None:
     for scenario in SCENARIOS.values():
         manifests = render(scenario)
-        pod = _pod(manifests)
-        assert pod["securityContext"]["runAsNonRoot"] is True
-        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-        context = _container(manifests)["securityContext"]
-        assert context["runAsNonRoot"] is True
-        assert isinstance(context["runAsUser"], int) and context["runAsUser"] > 0
-        assert context["readOnlyRootFilesystem"] is True
-        assert context["allowPrivilegeEscalation"] is False
-        assert context["privileged"] is False
-        assert context["capabilities"] == {"drop": ["ALL"]}
-        assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+        for tier in (m["metadata"]["name"] for m in of_kind(manifests, "Deployment")):
+            spec = pod(manifests, tier)
+            assert spec["securityContext"]["runAsNonRoot"] is True
+            assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+            context = container(manifests, tier)["securityContext"]
+            assert context["runAsNonRoot"] is True
+            assert isinstance(context["runAsUser"], int) and context["runAsUser"] > 0
+            assert context["readOnlyRootFilesystem"] is True
+            assert context["allowPrivilegeEscalation"] is False
+            assert context["privileged"] is False
+            assert context["capabilities"] == {"drop": ["ALL"]}
+            assert context["seccompProfile"] == {"type": "RuntimeDefault"}
 
 
 def test_image_user_matches_the_chart() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text(encoding="utf-8")
-    user = _container(render())["securityContext"]["runAsUser"]
+    user = container(render())["securityContext"]["runAsUser"]
     assert f"USER {user}:" in dockerfile
     assert 'ENTRYPOINT ["poolkeeper"]' in dockerfile and 'CMD ["operator"]' in dockerfile
 
 
-def test_the_poseidon_api_options_and_template() -> None:
-    default = _container(render())
+@pytest.mark.parametrize("tier", [OPERATOR, API])
+def test_the_poseidon_api_options_and_template(tier: str) -> None:
+    """Both tiers serve the Poseidon API; the operator also registers managed environments'
+    pools, so both get the options and the template."""
+    default = container(render(), tier)
     assert not any(arg.startswith("--poseidon") for arg in default["args"])
-    args = _container(render(SCENARIOS["poseidon"]))["args"]
+    args = container(render(SCENARIOS["poseidon"]), tier)["args"]
     assert args[args.index("--poseidon-api") :] == [
         "--poseidon-api",
         "--poseidon-environments",
@@ -465,8 +438,8 @@ def test_the_poseidon_api_options_and_template() -> None:
     assert of_kind(render(SCENARIOS["poseidon"]), "ConfigMap") == []
 
     managed = render(SCENARIOS["poseidonManaged"])
-    container = _container(managed)
-    args = container["args"]
+    served = container(managed, tier)
+    args = served["args"]
     assert args[args.index("--poseidon-api") :] == [
         "--poseidon-api",
         "--poseidon-environments",
@@ -481,97 +454,76 @@ def test_the_poseidon_api_options_and_template() -> None:
         "metadata": {"namespace": "codeocean"},
         "spec": {"maxRunners": 50},
     }
-    mount = next(m for m in container["volumeMounts"] if m["name"] == "poseidon-template")
+    mount = next(m for m in served["volumeMounts"] if m["name"] == "poseidon-template")
     assert mount["mountPath"] == "/etc/poolkeeper/poseidon"
-    volume = next(v for v in _pod(managed)["volumes"] if v["name"] == "poseidon-template")
+    volume = next(v for v in pod(managed, tier)["volumes"] if v["name"] == "poseidon-template")
     assert volume["configMap"]["name"] == config_map["metadata"]["name"]
     # The template is read at start: changing it rolls the pods.
-    annotations = only(managed, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    annotations = deployment(managed, tier)["spec"]["template"]["metadata"]["annotations"]
     changed = dict(
         SCENARIOS["poseidonManaged"],
         **{"poseidon.environmentTemplate": '{"spec": {"maxRunners": 60}}'},
     )
-    other = only(render(changed), "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    other = deployment(render(changed), tier)["spec"]["template"]["metadata"]["annotations"]
     assert annotations["checksum/poseidon-template"] != other["checksum/poseidon-template"]
 
 
-def test_probes_service_and_ports() -> None:
-    manifests = render()
-    container = _container(manifests)
-    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+def test_probes_and_ports() -> None:
+    operator = container(render())
+    ports = {p["name"]: p["containerPort"] for p in operator["ports"]}
     assert ports == {"http": 8080, "liveness": 8081}
-    liveness = container["livenessProbe"]["httpGet"]
+    liveness = operator["livenessProbe"]["httpGet"]
     assert (liveness["path"], ports[liveness["port"]]) == ("/healthz", 8081)
-    readiness = container["readinessProbe"]["httpGet"]
+    readiness = operator["readinessProbe"]["httpGet"]
     assert (readiness["path"], readiness["port"]) == ("/readyz", "http")
-    assert container["resources"]["requests"] and container["resources"]["limits"]
-    service = only(manifests, "Service")
-    assert service["spec"]["ports"] == [
-        {"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}
-    ]
-    pod_labels = only(manifests, "Deployment")["spec"]["template"]["metadata"]["labels"]
-    assert service["spec"]["selector"].items() <= pod_labels.items()
-
-
-def _env(container: Mapping[str, Any]) -> dict[str, Any]:
-    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
-
-
-def _mounted_secret_files(manifests: list[Manifest]) -> dict[str, tuple[str, str]]:
-    """Mounted file path -> (secret name, key)."""
-    pod = _pod(manifests)
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    files = {}
-    for mount in _container(manifests)["volumeMounts"]:
-        secret = volumes[mount["name"]].get("secret")
-        if secret:
-            assert mount["readOnly"] is True
-            for item in secret["items"]:
-                files[f"{mount['mountPath']}/{item['path']}"] = (
-                    secret["secretName"],
-                    item["key"],
-                )
-    return files
+    assert operator["resources"]["requests"] and operator["resources"]["limits"]
 
 
 def test_nomad_connection_and_api_tokens_come_from_secrets() -> None:
     manifests = render()
-    container = _container(manifests)
-    env = _env(container)
-    assert env["NOMAD_ADDR"] == {"secretKeyRef": {"name": "poolkeeper-nomad", "key": "address"}}
-    assert env["NOMAD_TOKEN"] == {
+    operator = container(manifests)
+    variables = env(operator)
+    assert variables["NOMAD_ADDR"] == {
+        "secretKeyRef": {"name": "poolkeeper-nomad", "key": "address"}
+    }
+    assert variables["NOMAD_TOKEN"] == {
         "secretKeyRef": {"name": "poolkeeper-nomad", "key": "token", "optional": True}
     }
-    assert env["POD_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
-    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
-    assert "NOMAD_CACERT" not in env and "NOMAD_NAMESPACE" not in env
-    files = _mounted_secret_files(manifests)
-    token_file = container["args"][container["args"].index("--api-token-file") + 1]
+    assert variables["POD_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert variables["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert "NOMAD_CACERT" not in variables and "NOMAD_NAMESPACE" not in variables
+    files = mounted_secret_files(manifests)
+    token_file = operator["args"][operator["args"].index("--api-token-file") + 1]
     assert files[token_file] == ("poolkeeper-api-tokens", "tokens")
 
 
 def test_nomad_tls_files_are_mounted_where_the_env_points() -> None:
     manifests = render(SCENARIOS["nomadTls"])
-    env = _env(_container(manifests))
-    files = _mounted_secret_files(manifests)
-    assert files[env["NOMAD_CACERT"]] == ("poolkeeper-nomad", "ca.crt")
-    assert files[env["NOMAD_CLIENT_CERT"]] == ("poolkeeper-nomad", "tls.crt")
-    assert files[env["NOMAD_CLIENT_KEY"]] == ("poolkeeper-nomad", "tls.key")
-    everything = _env(_container(render(SCENARIOS["everything"])))
-    assert (everything["NOMAD_NAMESPACE"], everything["NOMAD_REGION"]) == ("runners", "eu")
+    everything = render(SCENARIOS["everything"])
+    for tier in (OPERATOR, API):
+        variables = env(container(manifests, tier))
+        files = mounted_secret_files(manifests, tier)
+        assert files[variables["NOMAD_CACERT"]] == ("poolkeeper-nomad", "ca.crt")
+        assert files[variables["NOMAD_CLIENT_CERT"]] == ("poolkeeper-nomad", "tls.crt")
+        assert files[variables["NOMAD_CLIENT_KEY"]] == ("poolkeeper-nomad", "tls.key")
+        # Both tiers share the home namespace: the catalog is there.
+        home = env(container(everything, tier))
+        assert (home["NOMAD_NAMESPACE"], home["NOMAD_REGION"]) == ("runners", "eu")
 
 
 def test_insecure_no_auth_mounts_no_tokens() -> None:
     manifests = render(SCENARIOS["insecureNoAuth"])
-    assert "--insecure-no-auth" in _container(manifests)["args"]
-    assert _mounted_secret_files(manifests) == {}
+    for tier in (OPERATOR, API):
+        assert "--insecure-no-auth" in container(manifests, tier)["args"]
+        assert mounted_secret_files(manifests, tier) == {}
 
 
 def test_root_filesystem_is_read_only_but_tmp_is_writable() -> None:
     manifests = render()
-    mounts = {m["mountPath"]: m["name"] for m in _container(manifests)["volumeMounts"]}
-    volumes = {v["name"]: v for v in _pod(manifests)["volumes"]}
-    assert "emptyDir" in volumes[mounts["/tmp"]]
+    for tier in (OPERATOR, API):
+        mounts = {m["mountPath"]: m["name"] for m in container(manifests, tier)["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod(manifests, tier)["volumes"]}
+        assert "emptyDir" in volumes[mounts["/tmp"]]
 
 
 # --- optional features --------------------------------------------------------------------
@@ -579,9 +531,8 @@ def test_root_filesystem_is_read_only_but_tmp_is_writable() -> None:
 
 def test_pod_disruption_budget_selects_the_pods() -> None:
     manifests = render(SCENARIOS["podDisruptionBudget"])
-    budget = only(manifests, "PodDisruptionBudget")["spec"]
-    pod_labels = only(manifests, "Deployment")["spec"]["template"]["metadata"]["labels"]
-    assert budget["selector"]["matchLabels"].items() <= pod_labels.items()
+    budget = named(manifests, "PodDisruptionBudget", OPERATOR)["spec"]
+    assert selected(manifests, budget["selector"]["matchLabels"]) == {OPERATOR}
     # Passive replicas are unready by design: they must stay evictable.
     assert budget["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
     assert budget["maxUnavailable"] == 1
@@ -589,9 +540,8 @@ def test_pod_disruption_budget_selects_the_pods() -> None:
 
 def test_network_policy() -> None:
     manifests = render(SCENARIOS["networkPolicy"])
-    policy = only(manifests, "NetworkPolicy")["spec"]
-    pod_labels = only(manifests, "Deployment")["spec"]["template"]["metadata"]["labels"]
-    assert policy["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    policy = named(manifests, "NetworkPolicy", OPERATOR)["spec"]
+    assert selected(manifests, policy["podSelector"]["matchLabels"]) == {OPERATOR}
     assert policy["policyTypes"] == ["Ingress", "Egress"]
     api, liveness = policy["ingress"]
     assert api["ports"] == [{"port": "http", "protocol": "TCP"}]
@@ -686,22 +636,28 @@ def test_chart_files_are_all_used() -> None:
 
 def test_api_tls_serves_https_to_probes_and_prometheus() -> None:
     manifests = render(SCENARIOS["apiTls"])
-    container = _container(manifests)
-    args = container["args"]
-    assert args[args.index("--tls-cert") :][:4] == [
-        "--tls-cert",
-        "/etc/poolkeeper/api-tls/tls.crt",
-        "--tls-key",
-        "/etc/poolkeeper/api-tls/tls.key",
-    ]
-    files = _mounted_secret_files(manifests)
-    assert files["/etc/poolkeeper/api-tls/tls.crt"] == ("poolkeeper-api-tls", "tls.crt")
-    assert files["/etc/poolkeeper/api-tls/tls.key"] == ("poolkeeper-api-tls", "tls.key")
-    assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
-    endpoint = only(manifests, "ServiceMonitor")["spec"]["endpoints"][0]
-    assert (endpoint["scheme"], endpoint["tlsConfig"]) == ("https", {"serverName": "poolkeeper"})
-    # Without it: plain HTTP everywhere.
     plain = render({"serviceMonitor.enabled": "true"})
-    assert "--tls-cert" not in _container(plain)["args"]
-    assert "scheme" not in _container(plain)["readinessProbe"]["httpGet"]
-    assert "scheme" not in only(plain, "ServiceMonitor")["spec"]["endpoints"][0]
+    for tier in (OPERATOR, API):
+        served = container(manifests, tier)
+        args = served["args"]
+        assert args[args.index("--tls-cert") :][:4] == [
+            "--tls-cert",
+            "/etc/poolkeeper/api-tls/tls.crt",
+            "--tls-key",
+            "/etc/poolkeeper/api-tls/tls.key",
+        ]
+        files = mounted_secret_files(manifests, tier)
+        assert files["/etc/poolkeeper/api-tls/tls.crt"] == ("poolkeeper-api-tls", "tls.crt")
+        assert files["/etc/poolkeeper/api-tls/tls.key"] == ("poolkeeper-api-tls", "tls.key")
+        assert served["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+        endpoint = named(manifests, "ServiceMonitor", tier)["spec"]["endpoints"][0]
+        assert (endpoint["scheme"], endpoint["tlsConfig"]) == (
+            "https",
+            {"serverName": "poolkeeper"},
+        )
+        # Without it: plain HTTP everywhere.
+        assert "--tls-cert" not in container(plain, tier)["args"]
+        assert "scheme" not in container(plain, tier)["readinessProbe"]["httpGet"]
+        assert "scheme" not in named(plain, "ServiceMonitor", tier)["spec"]["endpoints"][0]
+    # The API pods' liveness is on the same listener: HTTPS too.
+    assert container(manifests, API)["livenessProbe"]["httpGet"]["scheme"] == "HTTPS"

@@ -23,11 +23,65 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
 {{- define "poolkeeper.labels" -}}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{ include "poolkeeper.selectorLabels" . }}
+{{ include "poolkeeper.commonLabels" . }}
+{{- end }}
+
+{{- define "poolkeeper.commonLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: poolkeeper
+{{- end }}
+
+{{/*
+"true" when the API tier is on, else empty. Values without `api` come from
+`helm upgrade --reuse-values`, which keeps the previous chart's defaults: refused, naming
+the flag that merges the new defaults.
+*/}}
+{{- define "poolkeeper.api.enabled" -}}
+{{- if not (hasKey .Values "api") }}
+{{- fail "the values have no api.* (helm upgrade --reuse-values keeps the previous chart's defaults): upgrade with --reset-then-reuse-values instead (docs/operator.md, Upgrade)" }}
+{{- end }}
+{{- if .Values.api.enabled }}true{{ end }}
+{{- end }}
+
+{{/*
+The API tier's objects. Its pods carry another app.kubernetes.io/name than the operator's:
+the operator Deployment's selector (name and instance) is immutable, and must not match
+the API pods.
+*/}}
+{{- define "poolkeeper.api.fullname" -}}
+{{- printf "%s-api" (include "poolkeeper.fullname" . | trunc 59 | trimSuffix "-") }}
+{{- end }}
+
+{{- define "poolkeeper.api.selectorLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-api" (include "poolkeeper.name" . | trunc 59 | trimSuffix "-") }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "poolkeeper.api.labels" -}}
+{{ include "poolkeeper.api.selectorLabels" . }}
+app.kubernetes.io/component: api
+{{ include "poolkeeper.commonLabels" . }}
+{{- end }}
+
+{{/* The ServiceAccount of the API pods: they use no Kubernetes API, and mount no token. */}}
+{{- define "poolkeeper.api.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- include "poolkeeper.api.fullname" . }}
+{{- else }}
+{{- "default" }}
+{{- end }}
+{{- end }}
+
+{{/* The labels of the pods behind the client Service: the API tier's, or the operator's. */}}
+{{- define "poolkeeper.client.selectorLabels" -}}
+{{- if include "poolkeeper.api.enabled" . }}
+{{- include "poolkeeper.api.selectorLabels" . }}
+{{- else }}
+{{- include "poolkeeper.selectorLabels" . }}
+{{- end }}
 {{- end }}
 
 {{- define "poolkeeper.serviceAccountName" -}}
@@ -90,4 +144,73 @@ prometheusRule.minimumWindowSeconds, since increase() needs two scrapes in its w
 {{- define "poolkeeper.reconcileWindow" -}}
 {{- $periods := mulf 3 .Values.resyncSeconds | ceil | int }}
 {{- max $periods (int .Values.prometheusRule.minimumWindowSeconds) }}s
+{{- end }}
+
+{{/* A NetworkPolicy's ingress rule for the listener: the API, health and metrics. */}}
+{{- define "poolkeeper.httpIngress" -}}
+- ports:
+    - port: http
+      protocol: TCP
+  {{- with .Values.networkPolicy.ingressFrom }}
+  from:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}
+
+{{/* A NetworkPolicy's egress rules: DNS, and these TCP ports at any address. */}}
+{{- define "poolkeeper.egress" -}}
+- ports:
+    - port: 53
+      protocol: UDP
+    - port: 53
+      protocol: TCP
+{{- with . }}
+- ports:
+    {{- range . }}
+    - port: {{ . }}
+      protocol: TCP
+    {{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+A ServiceMonitor of one tier: `name`, its `labels`, and the `selectorLabels` of the
+tier's Service (the client Service, or the operator's headless one).
+*/}}
+{{- define "poolkeeper.serviceMonitor" -}}
+{{- $values := .root.Values }}
+apiVersion: monitoring.coreos.com/v1
+kind: ServiceMonitor
+metadata:
+  name: {{ .name }}
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- .labels | nindent 4 }}
+    {{- with $values.serviceMonitor.labels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+spec:
+  selector:
+    matchLabels:
+      {{- .selectorLabels | nindent 6 }}
+  namespaceSelector:
+    matchNames:
+      - {{ .root.Release.Namespace }}
+  endpoints:
+    - port: http
+      path: /metrics
+      # poolkeeper's own `namespace` (Nomad's, of poolkeeper_event_stream_up) and
+      # `endpoint` (of poolkeeper_nomad_requests_total) labels keep their names and
+      # meaning (docs/reference.md) instead of becoming exported_namespace and
+      # exported_endpoint beside the target's labels.
+      honorLabels: true
+      {{- if $values.apiTls.secretName }}
+      scheme: https
+      {{- with $values.serviceMonitor.tlsConfig }}
+      tlsConfig:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- end }}
+      interval: {{ $values.serviceMonitor.interval }}
+      scrapeTimeout: {{ $values.serviceMonitor.scrapeTimeout }}
 {{- end }}
