@@ -173,12 +173,18 @@ async def test_a_rule_the_chart_forgot_breaks_a_behaviour_with_the_servers_403(
         lambda: any(d.resource == missing.resource and d.code == 403 for d in cluster.denied()),
         what=f"the server's 403 for {missing.verb} {missing.resource}",
     )
+    # The operator's log says what the server refused, in the server's words.
+    refused = (
+        f'User "{cluster.user}" cannot {missing.verb} resource "{missing.resource}" in API '
+        f'group "{missing.group}"'
+    )
     if missing.resource == STATUS_WRITE:
         logged = f"writing the status of {key} failed: 403"
     else:
         logged = f"could not post Event InvalidSpec for {key}: HTTP 403"
     await wait_until(
-        lambda: any(logged in m for m in caplog.messages), what=f"the log line: {logged}"
+        lambda: any(logged in m and refused in m for m in caplog.messages),
+        what=f"the log line: {logged} ... {refused}",
     )
     if missing.resource == STATUS_WRITE:
         assert (cluster.pool("broken") or {}).get("status") is None  # never written
