@@ -116,10 +116,14 @@ class Drains:
     async def finish(self, pools: Iterable[ManagedPool]) -> list[str]:
         """Forget the removed pools of which Nomad holds nothing any more (no runner job,
         no claim variable: their tombstones are forgotten by the plan after ten minutes);
-        returns their keys."""
+        returns their keys. Only a pass that observed the pool removed can tell: one that
+        began before the removal may have created runners after its observation."""
         finished = []
         for managed in pools:
-            if managed.policy.mode is PoolMode.ACTIVE or managed.observation is None:
+            classified = managed.classified_policy
+            removed = managed.policy.mode is not PoolMode.ACTIVE
+            observed_removed = classified is not None and classified.mode is not PoolMode.ACTIVE
+            if not (removed and observed_removed) or managed.observation is None:
                 continue
             if not managed.runners and not managed.observation.claims:
                 log.info("pool %s drained; forgetting it", managed.key)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -25,6 +26,10 @@ from controller.model import (
 from controller.operator.options import COMPONENT, GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
+
+# The API server's reason for a refusal, as logged: a 403 names the user, the verb, the
+# resource, its group and the namespace, well over 200 characters.
+MESSAGE_LIMIT = 1000
 
 
 def _ssl_context(info: kopf.ConnectionInfo, scratch: Path) -> ssl.SSLContext | bool:
@@ -50,6 +55,16 @@ def _ssl_context(info: kopf.ConnectionInfo, scratch: Path) -> ssl.SSLContext | b
 
 def _as_bytes(value: str | bytes) -> bytes:
     return value if isinstance(value, bytes) else value.encode()
+
+
+def _server_message(text: str) -> str:
+    """The message of the API server's Status answer (the body itself if it has none)."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        body = None
+    message = body.get("message") if isinstance(body, dict) else None
+    return (message if isinstance(message, str) else text)[:MESSAGE_LIMIT]
 
 
 @dataclass(frozen=True)
@@ -112,7 +127,7 @@ class KubeClient:
                     response.request_info,
                     (),
                     status=response.status,
-                    message=(await response.text())[:200],
+                    message=_server_message(await response.text()),
                 )
             return True
 
@@ -144,5 +159,9 @@ class KubeClient:
         async with self._client().post(url, json=body, ssl=self._ssl) as response:
             if response.status >= 400:
                 log.warning(
-                    "could not post Event %s for %s: HTTP %s", reason, ref.key, response.status
+                    "could not post Event %s for %s: HTTP %s: %s",
+                    reason,
+                    ref.key,
+                    response.status,
+                    _server_message(await response.text()),
                 )

@@ -89,6 +89,20 @@ def test_service_account_token_is_authorized_by_rbac(kube: KubeCluster) -> None:
     assert "Forbidden" in denied.stderr
 
 
+def test_service_account_requests_are_in_the_audit_log(kube: KubeCluster) -> None:
+    assert kube.audit_log is not None  # tests/conftest.py's policy
+    start = kube.audit_log.stat().st_size
+    namespace = kube.create_namespace()
+    token = kube.service_account_token(namespace, "robot")
+    assert kube.request("GET", f"/api/v1/namespaces/{namespace}/secrets", token=token)[0] == 403
+    logged = [
+        (e["verb"], e["objectRef"]["resource"], e["responseStatus"]["code"])
+        for e in kube.audit_events(start)
+        if e["user"]["username"] == f"system:serviceaccount:{namespace}:robot"
+    ]
+    assert logged == [("list", "secrets", 403)]  # admin's own requests are not logged
+
+
 def test_unauthenticated_requests_are_refused(kube: KubeCluster) -> None:
     status, _ = kube.request("GET", "/api/v1/namespaces", token="not-a-token")
     assert status == 401

@@ -1,5 +1,14 @@
-"""Fixtures: the fake Kubernetes API, the Nomad simulator and in-process operator replicas
-running the real kopf machinery against them."""
+"""Fixtures: the session's real kube-apiserver (``kube``, tests/conftest.py), the Nomad
+simulator and in-process operator replicas running the real kopf machinery against them.
+
+The CRDs (the RunnerPool's and kopf's peering resources, as the chart ships them) are
+installed once per session. Each test gets its own namespace holding what the chart renders
+for it (``helm template``): the ServiceAccount, its Role and RoleBinding (or ClusterRole and
+ClusterRoleBinding) and the peering object. Every replica runs as that ServiceAccount, with
+a token from the TokenRequest API: the real authorizer checks each of its requests against
+the chart's rules, and a test fails when the server refused the operator anything (the
+server's audit log says which).
+"""
 
 from __future__ import annotations
 
@@ -8,9 +17,11 @@ import concurrent.futures
 import dataclasses
 import subprocess
 import threading
-from collections.abc import AsyncIterator
+import time
+import urllib.parse
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 import kopf
@@ -24,45 +35,50 @@ from controller.nomad.config import NomadConfig
 from controller.operator.controller import OperatorController
 from controller.operator.handlers import run
 from controller.operator.options import OperatorOptions, options_from_args
-from tests.operator.fake_k8s import JSON, FakeKubernetes, Rule, denied
+from tests.chart.helm import helm_binary
+from tests.support.kube_cluster import KubeCluster
 from tests.support.ports import free_port
+from tests.support.relay import Relay
 from tests.support.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
-CRD_FILE = ROOT / "crds" / "runnerpools.poolkeeper.dev.yaml"
-CHART = ROOT / "charts" / "poolkeeper"
-HELM = ROOT / ".cache" / "helm" / "helm"
-NAMESPACE = "default"
-PEERING = "poolkeeper"
-SERVICE_ACCOUNT = "system:serviceaccount:default:poolkeeper"
-ADMIN = "admin-token"
+JSON = dict[str, Any]
+
+ROOT: Final = Path(__file__).resolve().parents[2]
+CRD_FILE: Final = ROOT / "crds" / "runnerpools.poolkeeper.dev.yaml"
+CHART: Final = ROOT / "charts" / "poolkeeper"
+PEERING_CRDS: Final = CHART / "crds" / "kopf-peerings.yaml"
+CRD_NAMES: Final = (
+    "runnerpools.poolkeeper.dev",
+    "kopfpeerings.kopf.dev",
+    "clusterkopfpeerings.kopf.dev",
+)
+RELEASE: Final = "poolkeeper"
+PEERING: Final = "poolkeeper"  # the chart's peering.name
+NOMAD_NAMESPACE: Final = "default"  # the pools' Nomad namespace (their spec's default)
 GROUP, VERSION, PLURAL = "poolkeeper.dev", "v1alpha1", "runnerpools"
-
-# The least-privilege rules the issue lists; used only while the chart cannot be rendered.
-FALLBACK_RULES = [
-    Rule((GROUP,), (PLURAL,), ("get", "list", "watch", "patch")),
-    Rule((GROUP,), (f"{PLURAL}/status",), ("get", "patch")),
-    Rule(("",), ("events",), ("create",)),
-    Rule(("kopf.dev",), ("kopfpeerings",), ("get", "list", "watch", "patch")),
-]
-
-
-def chart_rules(*values: str) -> tuple[list[Rule], str]:
-    """The RBAC rules of the chart as helm renders it (peering on, one namespace)."""
-    if not (CHART / "Chart.yaml").exists() or not HELM.exists():
-        return FALLBACK_RULES, "fallback list (chart or helm not available)"
-    rules = [
-        Rule.from_manifest(rule)
-        for doc in render_chart(*values)
-        if doc.get("kind") in ("Role", "ClusterRole")
-        for rule in doc.get("rules") or ()
-    ]
-    return rules, "chart"
+# What the operator needs of the chart: its identity, its permissions, its peering object.
+CHART_KINDS: Final = frozenset(
+    {
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "KopfPeering",
+        "ClusterKopfPeering",
+    }
+)
+CLUSTER_SCOPED: Final = {
+    "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+    "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+    "ClusterKopfPeering": "/apis/kopf.dev/v1/clusterkopfpeerings",
+}
 
 
-def render_chart(*values: str) -> list[JSON]:
+def render_chart(namespace: str, *values: str) -> list[JSON]:
+    """The chart as ``helm template`` renders it for a release in ``namespace``."""
     rendered = subprocess.run(
-        [str(HELM), "template", "poolkeeper", str(CHART), "--namespace", NAMESPACE, *values],
+        [str(helm_binary()), "template", RELEASE, str(CHART), "--namespace", namespace, *values],
         check=True,
         capture_output=True,
         text=True,
@@ -70,13 +86,66 @@ def render_chart(*values: str) -> list[JSON]:
     return [doc for doc in yaml.safe_load_all(rendered) if doc]
 
 
-def chart_operator_args(*values: str) -> list[str]:
-    """The operator's command line in the chart's Deployment."""
-    deployment = next(d for d in render_chart(*values) if d["kind"] == "Deployment")
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
-    args = [str(a) for a in container["args"]]
-    assert args[0] == "operator", args
-    return args[1:]
+def operator_args(manifests: Iterable[JSON]) -> list[str]:
+    """The operator's command line in the chart's operator Deployment."""
+    for manifest in manifests:
+        if manifest["kind"] != "Deployment":
+            continue
+        container = manifest["spec"]["template"]["spec"]["containers"][0]
+        args = [str(a) for a in container.get("args") or ()]
+        if args[:1] == ["operator"]:
+            return args[1:]
+    raise AssertionError("the chart renders no Deployment running `poolkeeper operator`")
+
+
+def chart_operator_args(*values: str, namespace: str = "poolkeeper") -> list[str]:
+    return operator_args(render_chart(namespace, *values))
+
+
+def without_verb(manifests: list[JSON], resource: str, verb: str) -> list[JSON]:
+    """The manifests with ``verb`` taken from every Role or ClusterRole rule on ``resource``
+    (a chart that forgot it; a rule left without verbs goes)."""
+    changed = []
+    for manifest in manifests:
+        if manifest["kind"] in ("Role", "ClusterRole"):
+            rules = [
+                dict(rule, verbs=[v for v in rule["verbs"] if v != verb])
+                if resource in rule["resources"] else rule
+                for rule in manifest["rules"]
+            ]  # fmt: skip
+            manifest = dict(manifest, rules=[rule for rule in rules if rule["verbs"]])
+        changed.append(manifest)
+    return changed
+
+
+def rule_grants(manifests: Iterable[JSON]) -> set[tuple[str, str, str]]:
+    """(API group, resource, verb) for every verb the Roles and ClusterRoles grant."""
+    return {
+        (group, resource, verb)
+        for manifest in manifests
+        if manifest["kind"] in ("Role", "ClusterRole")
+        for rule in manifest["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+@pytest.fixture(scope="session")
+def crds(kube: KubeCluster) -> KubeCluster:
+    """The cluster, with the RunnerPool CRD and kopf's peering CRDs installed and served."""
+    kube.kubectl("apply", "-f", str(CRD_FILE), "-f", str(PEERING_CRDS))
+    kube.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s",
+        *(f"crd/{name}" for name in CRD_NAMES),
+    )  # fmt: skip
+    # Established is not served yet: the storage of a new resource answers 429 "storage is
+    # (re)initializing" for a moment.
+    deadline = time.monotonic() + 30
+    while kube.request("GET", f"/apis/{GROUP}/{VERSION}/{PLURAL}")[0] != 200:
+        assert time.monotonic() < deadline, "RunnerPools are never served"
+        time.sleep(0.05)
+    return kube
 
 
 @dataclasses.dataclass
@@ -87,7 +156,8 @@ class Replica:
     controller: OperatorController
     thread: threading.Thread
     stop_flag: threading.Event
-    token: str
+    name: str
+    relay: Relay  # its way to the API server: cut when it crashes
     errors: list[BaseException]
     liveness: str = ""
 
@@ -95,34 +165,145 @@ class Replica:
     def active(self) -> bool:
         return self.controller.active
 
-    async def stop(self) -> None:
+    async def stop(self, *, crashed: bool = False) -> None:
+        """Stop it; a replica that ``crashed`` may have failed on its way out."""
         self.stop_flag.set()
         await asyncio.to_thread(self.thread.join, 30)
+        self.relay.stop()
         assert not self.thread.is_alive(), "the operator did not stop"
-        assert not self.errors, self.errors
+        assert crashed or not self.errors, self.errors
+
+
+@dataclasses.dataclass(frozen=True)
+class Denied:
+    """A request of the operator's ServiceAccount the server refused (from its audit log)."""
+
+    verb: str
+    resource: str
+    namespace: str
+    name: str
+    code: int
 
 
 class Cluster:
-    """The fake API server, the simulator, and the operator replicas started against them."""
+    """The real API server with this test's namespace, the simulator, and the operator
+    replicas started against them."""
 
-    def __init__(self, fake: FakeKubernetes, sim: Simulator, server: SimServer) -> None:
-        self.fake = fake
+    def __init__(
+        self, kube: KubeCluster, namespace: str, sim: Simulator, server: SimServer
+    ) -> None:
+        self.kube = kube
+        self.namespace = namespace
         self.sim = sim
         self.sim_server = server
         self.replicas: list[Replica] = []
-        self.chart_values: tuple[str, ...] = ()
+        self.namespaces = [namespace]  # every namespace this test made
+        self.chart_values: tuple[str, ...] | None = None
+        self.service_account = ""
+        self.forbidden_expected = False  # a test of missing RBAC rules
+        self._cluster_objects: set[tuple[str, str]] = set()  # (collection path, name)
+        self._audit_offset = kube.audit_log.stat().st_size if kube.audit_log else 0
         self.http = aiohttp.ClientSession()
+
+    # -- the chart's objects and the operator's identity ------------------------------
+
+    def install_chart(
+        self, *values: str, edit: Callable[[list[JSON]], list[JSON]] | None = None
+    ) -> list[JSON]:
+        """Apply what the chart renders for this namespace and ``values`` (its
+        ServiceAccount, RBAC and peering objects, through ``edit`` if given) and wait until
+        the server authorizes exactly the rendered rules."""
+        rendered = render_chart(self.namespace, *values)
+        manifests = [m for m in rendered if m["kind"] in CHART_KINDS]
+        rendered_grants = rule_grants(manifests)
+        if edit is not None:
+            manifests = edit(manifests)
+        self.kube.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(manifests))
+        for manifest in manifests:
+            if manifest["kind"] in CLUSTER_SCOPED:
+                self._cluster_objects.add(
+                    (CLUSTER_SCOPED[manifest["kind"]], manifest["metadata"]["name"])
+                )
+        account = next(m for m in manifests if m["kind"] == "ServiceAccount")
+        self.service_account = account["metadata"]["name"]
+        granted = rule_grants(manifests)
+        self._wait_for_rbac(granted, rendered_grants - granted)
+        self.chart_values = values
+        return rendered
+
+    def _wait_for_rbac(
+        self, granted: set[tuple[str, str, str]], denied: set[tuple[str, str, str]]
+    ) -> None:
+        """RBAC objects take effect when the authorizer's informer sees them: ask it."""
+        expected = {attributes: True for attributes in granted}
+        expected.update({attributes: False for attributes in denied})
+        pending = dict(expected)
+        deadline = time.monotonic() + 15
+        while True:
+            pending = {a: want for a, want in pending.items() if self.allowed(*a) != want}
+            if not pending:
+                return
+            assert time.monotonic() < deadline, f"RBAC not in effect: {pending}"
+            time.sleep(0.05)
+
+    def allowed(self, group: str, resource: str, verb: str) -> bool:
+        """Whether the server lets the chart's ServiceAccount ``verb`` ``resource`` in this
+        namespace (a SubjectAccessReview)."""
+        plural, _, subresource = resource.partition("/")
+        status, answer = self.kube.request(
+            "POST",
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+            {
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SubjectAccessReview",
+                "spec": {
+                    "user": self.user,
+                    "groups": [
+                        "system:serviceaccounts",
+                        f"system:serviceaccounts:{self.namespace}",
+                        "system:authenticated",
+                    ],
+                    "resourceAttributes": {
+                        "namespace": self.namespace,
+                        "group": group,
+                        "resource": plural,
+                        "subresource": subresource,
+                        "verb": verb,
+                    },
+                },
+            },
+        )
+        assert status == 201, answer
+        return bool(answer["status"].get("allowed"))
+
+    @property
+    def user(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.service_account}"
+
+    def token(self) -> str:
+        """A token for the chart's ServiceAccount (TokenRequest), as a pod gets one."""
+        return self.kube.service_account_token(self.namespace, self.service_account, create=False)
+
+    def kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig with a token of the chart's ServiceAccount."""
+        token = self.token()
+        return self.kube.write_kubeconfig(
+            path, {"token": token}, name=self.user, namespace=self.namespace
+        )
 
     # -- operators --------------------------------------------------------------------
 
     async def start_operator(
         self,
         *cli: str,
-        token: str = "operator-a",
+        name: str = "a",
         lifetime: int = 3,
         resync_seconds: float = 0.5,
     ) -> Replica:
-        """A replica configured from command-line arguments, as the chart passes them."""
+        """A replica configured from command-line arguments, as the chart passes them,
+        running as the chart's ServiceAccount."""
+        if self.chart_values is None:
+            self.install_chart()
         if "--api-token-file" not in cli:  # the chart's replicas bring their own
             cli = ("--insecure-no-auth", *cli)
         args = build_parser().parse_args(["operator", "--listen", "127.0.0.1:0", *cli])
@@ -134,10 +315,15 @@ class Cluster:
             api_error_backoffs=(0.1, 0.2, 0.3),
         )
         nomad = NomadConfig.from_env({"NOMAD_ADDR": self.sim_server.url})
+        token = self.token()
+        address = urllib.parse.urlsplit(self.kube.server)
+        relay = Relay(str(address.hostname), int(address.port or 443)).start()
+        server = f"https://127.0.0.1:{relay.port}"
+        ca_file, namespace = str(self.kube.ca_file), self.namespace
 
         def connect(_: kopf.OperatorSettings) -> kopf.ConnectionInfo:
             return kopf.ConnectionInfo(
-                server=self.fake.url, token=token, default_namespace=NAMESPACE
+                server=server, token=token, ca_path=ca_file, default_namespace=namespace
             )
 
         started: concurrent.futures.Future[OperatorController] = concurrent.futures.Future()
@@ -160,22 +346,28 @@ class Cluster:
                 if not started.done():
                     started.set_exception(error)
 
-        thread = threading.Thread(target=main, name=f"operator-{token}", daemon=True)
+        thread = threading.Thread(target=main, name=f"operator-{name}", daemon=True)
         thread.start()
-        controller = await asyncio.wrap_future(started)
-        replica = Replica(controller, thread, stop_flag, token, errors)
+        try:
+            controller = await asyncio.wrap_future(started)
+        except BaseException:
+            relay.stop()
+            raise
+        replica = Replica(controller, thread, stop_flag, name, relay, errors)
         self.replicas.append(replica)
         return replica
 
     async def start_chart_replica(
-        self, token: str, tmp_path: Path, lifetime: int, *values: str
+        self, name: str, tmp_path: Path, lifetime: int, *values: str
     ) -> Replica:
-        """A replica with the chart's command line (for these chart values); only what
-        binds a port or names a file of the pod is replaced (replicas share this machine).
-        The requests of the test are then checked against the same values' RBAC rules."""
-        self.chart_values = values
-        args = chart_operator_args(*values)
-        tokens = tmp_path / f"tokens-{token}"
+        """A replica with the chart's command line (for these chart values, whose RBAC is
+        installed first); only what binds a port or names a file of the pod is replaced
+        (replicas share this machine)."""
+        if self.chart_values != values:
+            args = operator_args(self.install_chart(*values))
+        else:
+            args = chart_operator_args(*values, namespace=self.namespace)
+        tokens = tmp_path / f"tokens-{name}"
         tokens.write_text("api-token\n")
         local = {
             "--listen": "127.0.0.1:0",
@@ -186,41 +378,50 @@ class Cluster:
         for index, arg in enumerate(args[:-1]):
             if arg in local:
                 args[index + 1] = local[arg]
-        replica = await self.start_operator(*args, token=token, lifetime=lifetime)
+        replica = await self.start_operator(*args, name=name, lifetime=lifetime)
         replica.liveness = local["--liveness"]
         return replica
+
+    async def crash(self, replica: Replica) -> None:
+        """The replica is gone without a word, as when its process is killed: its
+        connections to the API server are reset (so it cannot remove its peering record),
+        then it stops.
+
+        Revoking its token would not do: kube-apiserver caches a token's authentication
+        for 10 s, so a revoked token keeps working that long."""
+        replica.relay.cut()
+        await replica.stop(crashed=True)
 
     async def ready(self, replica: Replica) -> int:
         async with self.http.get(replica.controller.url + "/readyz") as response:
             return response.status
 
-    # -- Kubernetes ------------------------------------------------------------------
+    # -- Kubernetes, as admin ---------------------------------------------------------
 
     async def k8s(
         self, method: str, path: str, body: Any = None, content_type: str = "application/json"
     ) -> tuple[int, Any]:
-        headers = {"Authorization": f"Bearer {ADMIN}", "Content-Type": content_type}
-        data = None if body is None else yaml.safe_dump(body) if "yaml" in content_type else None
         async with self.http.request(
             method,
-            self.fake.url + path,
-            json=body if data is None and body is not None else None,
-            data=data,
-            headers=headers,
+            self.kube.server + path,
+            json=body,
+            headers={"Content-Type": content_type, "Accept": "application/json"},
+            ssl=self.kube.ssl_context(),
         ) as response:
             return response.status, await response.json(content_type=None)
 
-    @staticmethod
-    def pool_path(name: str = "", sub: str = "") -> str:
-        path = f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}"
+    def pool_path(self, name: str = "", sub: str = "", namespace: str = "") -> str:
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace or self.namespace}/{PLURAL}"
         if name:
             path += f"/{name}"
         if sub:
             path += f"/{sub}"
         return path
 
-    async def create_pool(self, doc: JSON) -> JSON:
-        status, body = await self.k8s("POST", self.pool_path(), doc)
+    async def create_pool(self, doc: JSON, namespace: str = "") -> JSON:
+        namespace = namespace or self.namespace
+        doc = dict(doc, metadata=dict(doc["metadata"], namespace=namespace))
+        status, body = await self.k8s("POST", self.pool_path(namespace=namespace), doc)
         assert status == 201, body
         return dict(body)
 
@@ -229,8 +430,16 @@ class Cluster:
             "PATCH", self.pool_path(name, sub), patch, "application/merge-patch+json"
         )
 
+    async def delete_pool(self, name: str) -> None:
+        status, body = await self.k8s("DELETE", self.pool_path(name))
+        assert status in (200, 202), body
+
     def pool(self, name: str) -> JSON | None:
-        return self.fake.get(GROUP, PLURAL, NAMESPACE, name)
+        status, body = self.kube.request("GET", self.pool_path(name))
+        if status == 404:
+            return None
+        assert status == 200, body
+        return dict(body)
 
     def condition(self, name: str, type_: str) -> JSON | None:
         pool = self.pool(name) or {}
@@ -249,15 +458,48 @@ class Cluster:
         return self.condition(name, type_) or {}
 
     def events(self, reason: str) -> list[JSON]:
-        return [e for e in self.fake.items("", "events", NAMESPACE) if e.get("reason") == reason]
+        status, body = self.kube.request(
+            "GET", f"/api/v1/namespaces/{self.namespace}/events?fieldSelector=reason%3D{reason}"
+        )
+        assert status == 200, body
+        return list(body["items"])
+
+    def create_namespace(self) -> str:
+        """Another namespace for this test (its RunnerPools are removed after it)."""
+        namespace = self.kube.create_namespace()
+        self.namespaces.append(namespace)
+        return namespace
+
+    # -- the operator's requests, from the server's audit log ---------------------------
+
+    def requests(self) -> list[JSON]:
+        """The audit events of the requests the chart's ServiceAccount of this namespace
+        made since the test began."""
+        events = self.kube.audit_events(self._audit_offset)
+        return [e for e in events if e["user"]["username"] == self.user]
+
+    def denied(self) -> list[Denied]:
+        return [
+            Denied(
+                e["verb"],
+                "/".join(filter(None, (ref.get("resource"), ref.get("subresource")))),
+                ref.get("namespace", ""),
+                ref.get("name", ""),
+                e["responseStatus"]["code"],
+            )
+            for e in self.requests()
+            if e.get("responseStatus", {}).get("code") in (401, 403)
+            for ref in [e.get("objectRef") or {}]
+        ]
 
     # -- Nomad -------------------------------------------------------------------------
 
-    def jobs(self, pool: str, *, live_only: bool = True) -> list[JSON]:
+    def jobs(self, pool: str, *, live_only: bool = True, namespace: str = "") -> list[JSON]:
+        key = f"{namespace or self.namespace}/{pool}"
         return [
             job
             for job in self.sim.job_list("*")
-            if (job.get("Meta") or {}).get(META_POOL) == f"{NAMESPACE}/{pool}"
+            if (job.get("Meta") or {}).get(META_POOL) == key
             and (not live_only or (job.get("Status") != "dead" and not job.get("Stop")))
         ]
 
@@ -267,47 +509,41 @@ class Cluster:
                 await replica.stop()
         await self.http.close()
 
+    def remove_objects(self) -> None:
+        """Nothing of this test stays where another test's operator could see it: its
+        RunnerPools (finalizers dropped) and the cluster-scoped objects it installed."""
+        for namespace in self.namespaces:
+            status, listed = self.kube.request("GET", self.pool_path(namespace=namespace))
+            assert status == 200, listed
+            for item in listed["items"]:
+                path = self.pool_path(item["metadata"]["name"], namespace=namespace)
+                self.kube.request("PATCH", path, _NO_FINALIZERS, content_type=_MERGE)
+                self.kube.request("DELETE", path)
+        for collection, name in self._cluster_objects:
+            self.kube.request("DELETE", f"{collection}/{name}")
 
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeKubernetes]:
-    api = FakeKubernetes(
-        tokens={ADMIN: "admin", "operator-a": SERVICE_ACCOUNT, "operator-b": SERVICE_ACCOUNT}
-    )
-    await api.start()
-    yield api
-    await api.stop()
 
-
-def install(api: FakeKubernetes) -> None:
-    crds = api._type_by_plural("apiextensions.k8s.io", "customresourcedefinitions")
-    api.create_object(crds, "", yaml.safe_load(CRD_FILE.read_text()))
-    namespaces = api._type_by_plural("", "namespaces")
-    api.create_object(namespaces, "", {"metadata": {"name": NAMESPACE}})
-    peerings = api._type_by_plural("kopf.dev", "kopfpeerings")
-    api.create_object(peerings, NAMESPACE, {"metadata": {"name": PEERING}})
+_MERGE: Final = "application/merge-patch+json"
+_NO_FINALIZERS: Final[Mapping[str, Any]] = {"metadata": {"finalizers": None}}
 
 
 @pytest.fixture
-def preinstalled() -> bool:
-    """Whether the CRD, the namespace and the peering object exist from the start."""
-    return True
-
-
-@pytest.fixture
-async def cluster(fake: FakeKubernetes, preinstalled: bool) -> AsyncIterator[Cluster]:
-    if preinstalled:
-        install(fake)
+async def cluster(crds: KubeCluster) -> AsyncIterator[Cluster]:
+    namespace = crds.create_namespace()
     sim = Simulator(seed=0, start_delay=0.05)
     server = await start_sim(sim, host="127.0.0.1", port=0)
-    world = Cluster(fake, sim, server)
+    world = Cluster(crds, namespace, sim, server)
     try:
         yield world
     finally:
-        await world.close()
-        await server.stop()
-    # RBAC is exercised: every request an operator replica made must be allowed.
-    rules, _ = chart_rules(*world.chart_values)
-    made = [r for r in fake.requests if r.user == SERVICE_ACCOUNT]
-    assert made, "the operator made no Kubernetes request"
-    refused = denied(made, rules)
-    assert not refused, f"requests the chart's RBAC does not allow: {refused[:5]}"
+        try:
+            await world.close()
+            await server.stop()
+        finally:
+            world.remove_objects()
+    # RBAC is exercised by the real authorizer: no request of an operator was refused.
+    if not world.forbidden_expected:
+        refused = world.denied()
+        assert not refused, f"requests the chart's RBAC does not allow: {refused[:5]}"
+    if world.replicas:
+        assert world.requests(), "the operator made no Kubernetes request"

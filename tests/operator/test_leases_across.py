@@ -15,24 +15,23 @@ import yaml
 from controller.core.leases import lease_path
 from controller.nomad.config import NomadConfig
 from controller.standalone import Controller, Settings
-from tests.operator.conftest import NAMESPACE, Cluster
+from tests.operator.conftest import NOMAD_NAMESPACE, Cluster
 from tests.support.documents import pool_doc
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
-KEY = f"{NAMESPACE}/py"
-
 
 def holder(cluster: Cluster) -> str:
-    lease = cluster.sim.variables(NAMESPACE).get(lease_path(KEY)) or {}
+    key = f"{cluster.namespace}/py"
+    lease = cluster.sim.variables(NOMAD_NAMESPACE).get(lease_path(key)) or {}
     return str((lease.get("Items") or {}).get("holder", "")) if lease.get("Lock") else ""
 
 
 async def test_an_operator_and_a_standalone_controller_never_fight(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    operator = await cluster.start_operator("--namespace", NAMESPACE)
+    operator = await cluster.start_operator("--namespace", cluster.namespace)
     await cluster.create_pool(pool_doc("py", idle=2))
     await wait_until(lambda: len(cluster.jobs("py")) == 2, what="the operator's 2 runners")
     operator_identity = socket.gethostname()  # no POD_NAME outside a pod
@@ -41,7 +40,7 @@ async def test_an_operator_and_a_standalone_controller_never_fight(
 
     # The same pool, with another spec, in a standalone controller.
     pools = tmp_path / "pools.yaml"
-    pools.write_text(yaml.safe_dump(pool_doc("py", idle=4)))
+    pools.write_text(yaml.safe_dump(pool_doc("py", idle=4, namespace=cluster.namespace)))
     tokens = tmp_path / "tokens"
     tokens.write_text("token\n")
     standalone = Controller(
@@ -50,9 +49,10 @@ async def test_an_operator_and_a_standalone_controller_never_fight(
     )
     await standalone.start()
     try:
+        key = f"{cluster.namespace}/py"
 
         def standalone_reason(type_: str) -> str:
-            view = standalone.engine.pools.get(KEY)
+            view = standalone.engine.pools.get(key)
             found = view.status.condition(type_) if view and view.status else None
             return found.reason if found else ""
 
@@ -61,7 +61,7 @@ async def test_an_operator_and_a_standalone_controller_never_fight(
             what="the standalone controller to wait for the lease",
         )
         assert standalone_reason("Degraded") == "SpecDiffersFromHolder"
-        view = standalone.engine.pools[KEY]
+        view = standalone.engine.pools[key]
         assert view.status is not None and view.status.reconciled_by == operator_identity
         await wait_until(
             lambda: (
@@ -88,7 +88,7 @@ async def test_an_operator_and_a_standalone_controller_never_fight(
         await wait_until(lambda: len(cluster.jobs("py")) == 4, what="the new holder's spec")
 
         # A new operator replica now waits, and says so in the resource's status.
-        await cluster.start_operator("--namespace", NAMESPACE, token="operator-b")
+        await cluster.start_operator("--namespace", cluster.namespace, name="b")
 
         def operator_reason() -> str:
             ready = cluster.condition("py", "Ready") or {}

@@ -1,21 +1,27 @@
-"""End to end: real kopf against the fake API server, the simulator as Nomad."""
+"""End to end: real kopf against a real kube-apiserver, the simulator as Nomad."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
+from typing import Final
 
 import pytest
 
-from tests.operator.conftest import Cluster, Replica
+from tests.operator.conftest import CRD_FILE, CRD_NAMES, VERSION, Cluster, Replica
 from tests.support.documents import pool_doc
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
+CRD_PATH: Final = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAMES[0]}"
+RULES: Final = "x-kubernetes-validations"
+
 
 async def test_pool_follows_its_resource(cluster: Cluster) -> None:
-    replica = await cluster.start_operator("--namespace", "default")
+    replica = await cluster.start_operator("--namespace", cluster.namespace)
     created = await cluster.create_pool(pool_doc("py", idle=2))
     await wait_until(lambda: len(cluster.jobs("py")) == 2, what="2 runner jobs")
 
@@ -50,7 +56,7 @@ async def test_pool_follows_its_resource(cluster: Cluster) -> None:
 
 
 async def test_invalid_spec_is_reported_and_nothing_runs(cluster: Cluster) -> None:
-    await cluster.start_operator("--namespace", "default")
+    await cluster.start_operator("--namespace", cluster.namespace)
     # jobTemplate is opaque to the CRD: the controller refuses the reserved ID key.
     doc = pool_doc("bad", idle=2, nomad={"jobTemplate": {"ID": "mine"}})
     await cluster.create_pool(doc)
@@ -72,7 +78,7 @@ async def test_invalid_spec_is_reported_and_nothing_runs(cluster: Cluster) -> No
 
 
 async def claim(cluster: Cluster, replica: Replica, pool: str) -> str:
-    url = f"{replica.controller.url}/v1/pools/default/{pool}/claims"
+    url = f"{replica.controller.url}/v1/pools/{cluster.namespace}/{pool}/claims"
     async with cluster.http.post(url, json={"waitSeconds": 10}) as response:
         body = await response.json()
         assert response.status == 201, body
@@ -80,23 +86,22 @@ async def claim(cluster: Cluster, replica: Replica, pool: str) -> str:
 
 
 async def test_delete_policy_delete_destroys_everything(cluster: Cluster) -> None:
-    replica = await cluster.start_operator("--namespace", "default")
+    replica = await cluster.start_operator("--namespace", cluster.namespace)
     await cluster.create_pool(pool_doc("gone", idle=2, deletionPolicy="Delete"))
     await wait_until(lambda: len(cluster.jobs("gone")) == 2, what="2 runners")
     await claim(cluster, replica, "gone")
-    status, _ = await cluster.k8s("DELETE", cluster.pool_path("gone"))
-    assert status == 200
+    await cluster.delete_pool("gone")
     await wait_until(lambda: cluster.pool("gone") is None, what="the object to go")
     assert cluster.jobs("gone") == []  # claimed runners too
     assert cluster.events("Finalized")
 
 
 async def test_delete_policy_orphan_leaves_nomad_alone(cluster: Cluster) -> None:
-    await cluster.start_operator("--namespace", "default")
+    await cluster.start_operator("--namespace", cluster.namespace)
     await cluster.create_pool(pool_doc("kept", idle=2, deletionPolicy="Orphan"))
     await wait_until(lambda: len(cluster.jobs("kept")) == 2, what="2 runners")
     await wait_until(lambda: cluster.condition("kept", "Ready") is not None, what="a status")
-    await cluster.k8s("DELETE", cluster.pool_path("kept"))
+    await cluster.delete_pool("kept")
     await wait_until(lambda: cluster.pool("kept") is None, what="the object to go")
     assert len(cluster.jobs("kept")) == 2
 
@@ -105,13 +110,14 @@ async def test_orphans_are_reported_with_what_the_operator_can_do_about_them(
     cluster: Cluster, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="controller.engine.drains")
-    await cluster.start_operator("--namespace", "default")
+    await cluster.start_operator("--namespace", cluster.namespace)
     await cluster.create_pool(pool_doc("kept", idle=1, deletionPolicy="Orphan"))
     await cluster.create_pool(pool_doc("stays", idle=1))  # the namespace is still reconciled
     await wait_until(lambda: len(cluster.jobs("kept")) == 1, what="a runner")
-    await cluster.k8s("DELETE", cluster.pool_path("kept"))
+    await cluster.delete_pool("kept")
     report = (
-        "namespace default holds runner jobs of pool default/kept, which is not defined: "
+        f"namespace default holds runner jobs of pool {cluster.namespace}/kept, which is not "
+        "defined: "
         "left alone (orphaned; a RunnerPool of that namespace, name and job prefix adopts "
         "them, and deleting it drains them)"
     )
@@ -120,7 +126,7 @@ async def test_orphans_are_reported_with_what_the_operator_can_do_about_them(
 
 
 async def test_drain_waits_for_claimed_runners(cluster: Cluster) -> None:
-    replica = await cluster.start_operator("--namespace", "default")
+    replica = await cluster.start_operator("--namespace", cluster.namespace)
     await cluster.create_pool(pool_doc("drain", idle=3))
     await wait_until(lambda: len(cluster.jobs("drain")) == 3, what="3 runners")
     await wait_until(
@@ -128,7 +134,7 @@ async def test_drain_waits_for_claimed_runners(cluster: Cluster) -> None:
         what="3 idle runners",
     )
     runner = await claim(cluster, replica, "drain")
-    await cluster.k8s("DELETE", cluster.pool_path("drain"))
+    await cluster.delete_pool("drain")
     # Idle runners go at once; the claimed one keeps the object (the finalizer) alive.
     await wait_until(
         lambda: [j["ID"] for j in cluster.jobs("drain")] == [runner], what="only the claim left"
@@ -145,11 +151,11 @@ async def test_drain_waits_for_claimed_runners(cluster: Cluster) -> None:
 
 
 async def test_drain_timeout_retires_claimed_runners(cluster: Cluster) -> None:
-    replica = await cluster.start_operator("--namespace", "default")
+    replica = await cluster.start_operator("--namespace", cluster.namespace)
     await cluster.create_pool(pool_doc("short", idle=1, drainTimeoutSeconds=2))
     await wait_until(lambda: len(cluster.jobs("short")) == 1, what="a runner")
     await claim(cluster, replica, "short")
-    await cluster.k8s("DELETE", cluster.pool_path("short"))
+    await cluster.delete_pool("short")
     await asyncio.sleep(1.0)
     assert cluster.pool("short") is not None  # still draining: the claim is alive
     await wait_until(lambda: cluster.pool("short") is None, within=10, what="the drain timeout")
@@ -157,11 +163,11 @@ async def test_drain_timeout_retires_claimed_runners(cluster: Cluster) -> None:
 
 
 async def test_finalizer_waits_while_nomad_is_unreachable(cluster: Cluster) -> None:
-    await cluster.start_operator("--namespace", "default")
+    await cluster.start_operator("--namespace", cluster.namespace)
     await cluster.create_pool(pool_doc("cut", idle=1))
     await wait_until(lambda: len(cluster.jobs("cut")) == 1, what="a runner")
     cluster.sim.api_fault("refuse", seconds=4.0)
-    await cluster.k8s("DELETE", cluster.pool_path("cut"))
+    await cluster.delete_pool("cut")
 
     def reported() -> bool:  # the Event and the status are two writes, in either order
         terminating = cluster.condition("cut", "Terminating") or {}
@@ -177,19 +183,44 @@ async def test_finalizer_waits_while_nomad_is_unreachable(cluster: Cluster) -> N
     assert cluster.jobs("cut") == []
 
 
+@contextlib.asynccontextmanager
+async def transition_rules_removed(cluster: Cluster, pool: str) -> AsyncIterator[None]:
+    """The session's RunnerPool CRD without its immutability rules, then as the file has it
+    again (each change is in effect once a dry-run patch of ``pool`` says so)."""
+    rules = f"/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/nomad/{RULES}"
+    removal = [{"op": "test", "path": "/spec/versions/0/name", "value": VERSION}]
+    removal.append({"op": "remove", "path": rules})
+    status, body = await cluster.k8s("PATCH", CRD_PATH, removal, "application/json-patch+json")
+    assert status == 200, body
+
+    async def prefix_change_answers(code: int) -> bool:
+        patch = {"spec": {"nomad": {"jobPrefix": f"probe-{code}-"}}}
+        path = cluster.pool_path(pool) + "?dryRun=All"
+        answer, _ = await cluster.k8s("PATCH", path, patch, "application/merge-patch+json")
+        return answer == code
+
+    await wait_until(lambda: prefix_change_answers(200), what="the CRD without its rules")
+    try:
+        yield
+    finally:
+        cluster.kube.kubectl("apply", "-f", str(CRD_FILE))
+        await wait_until(lambda: prefix_change_answers(422), what="the CRD's rules back")
+
+
 async def test_immutable_change_is_refused_and_the_old_spec_keeps_running(
     cluster: Cluster,
 ) -> None:
-    await cluster.start_operator("--namespace", "default")
+    await cluster.start_operator("--namespace", cluster.namespace)
     await cluster.create_pool(pool_doc("fixed", idle=1))
     await wait_until(lambda: len(cluster.jobs("fixed")) == 1, what="a runner")
     # The CRD's CEL transition rule refuses the change...
     code, body = await cluster.patch_pool("fixed", {"spec": {"nomad": {"namespace": "other"}}})
-    assert code == 422 and "immutable" in body["message"]
-    # ...and where an API server lets it through, the operator refuses it too.
-    cluster.fake.cel_enabled = False
-    code, _ = await cluster.patch_pool("fixed", {"spec": {"nomad": {"jobPrefix": "moved-"}}})
-    assert code == 200
+    assert code == 422 and "nomad.namespace is immutable" in body["message"]
+    # ...and where the API server lets it through (a CRD without the rule), the operator
+    # refuses it too.
+    async with transition_rules_removed(cluster, "fixed"):
+        code, _ = await cluster.patch_pool("fixed", {"spec": {"nomad": {"jobPrefix": "moved-"}}})
+        assert code == 200
 
     def refused() -> bool:
         accepted = cluster.condition("fixed", "SpecAccepted") or {}
@@ -205,7 +236,7 @@ async def test_immutable_change_is_refused_and_the_old_spec_keeps_running(
 
 
 async def test_a_lost_allocation_is_reported_as_an_event(cluster: Cluster) -> None:
-    replica = await cluster.start_operator("--namespace", "default")
+    replica = await cluster.start_operator("--namespace", cluster.namespace)
     await cluster.create_pool(pool_doc("lossy", idle=1))
     await wait_until(lambda: len(cluster.jobs("lossy")) == 1, what="a runner")
     runner = await claim(cluster, replica, "lossy")
@@ -224,7 +255,7 @@ async def test_a_lost_allocation_is_reported_as_an_event(cluster: Cluster) -> No
 async def test_failed_starts_are_reported_as_events_and_open_the_breaker(
     cluster: Cluster,
 ) -> None:
-    await cluster.start_operator("--namespace", "default")
+    await cluster.start_operator("--namespace", cluster.namespace)
     cluster.sim.fail_starts("broken:1")
     await cluster.create_pool(
         pool_doc("flaky", idle=3, runner={"image": "broken:1", "command": ["run"]})
@@ -239,7 +270,7 @@ async def test_failed_starts_are_reported_as_events_and_open_the_breaker(
 
 
 async def test_status_is_written_only_when_it_changes(cluster: Cluster) -> None:
-    replica = await cluster.start_operator("--namespace", "default")
+    replica = await cluster.start_operator("--namespace", cluster.namespace)
     await cluster.create_pool(pool_doc("calm", idle=1))
     await cluster.until_condition("calm", "Progressing", reason="Stable")
     ready = cluster.condition("calm", "Ready")
@@ -247,8 +278,10 @@ async def test_status_is_written_only_when_it_changes(cluster: Cluster) -> None:
     def status_writes() -> int:
         return sum(
             1
-            for r in cluster.fake.requests
-            if r.subresource == "status" and r.name == "calm" and r.verb == "patch"
+            for r in cluster.requests()
+            if r["verb"] == "patch"
+            and r["objectRef"].get("subresource") == "status"
+            and r["objectRef"].get("name") == "calm"
         )
 
     before = status_writes()
@@ -256,7 +289,7 @@ async def test_status_is_written_only_when_it_changes(cluster: Cluster) -> None:
     assert status_writes() == before
     # A restarted operator keeps the conditions' transition times and writes nothing new.
     await replica.stop()
-    await cluster.start_operator("--namespace", "default")
+    await cluster.start_operator("--namespace", cluster.namespace)
     await asyncio.sleep(1.5)
     assert cluster.condition("calm", "Ready") == ready
     assert status_writes() == before
@@ -270,7 +303,7 @@ async def test_status_is_written_only_when_it_changes(cluster: Cluster) -> None:
 
 
 async def test_an_invalid_update_keeps_the_last_valid_version_running(cluster: Cluster) -> None:
-    replica = await cluster.start_operator("--namespace", "default")
+    replica = await cluster.start_operator("--namespace", cluster.namespace)
     await cluster.create_pool(pool_doc("turn", idle=1))
     await cluster.until_condition("turn", "Ready", status="True")
     code, _ = await cluster.patch_pool(
@@ -292,13 +325,13 @@ async def test_an_invalid_update_keeps_the_last_valid_version_running(cluster: C
 
 
 async def test_a_prefix_conflict_hands_out_nothing(cluster: Cluster) -> None:
-    replica = await cluster.start_operator("--namespace", "default")
+    replica = await cluster.start_operator("--namespace", cluster.namespace)
     await cluster.create_pool(pool_doc("first", idle=1, nomad={"jobPrefix": "shared-"}))
     await wait_until(lambda: len(cluster.jobs("first")) == 1, what="a runner of the first pool")
     await cluster.create_pool(pool_doc("second", idle=1, nomad={"jobPrefix": "shared-"}))
     await cluster.until_condition("second", "Ready", reason="PrefixConflict")
     await wait_until(lambda: bool(cluster.events("PrefixConflict")), what="a PrefixConflict Event")
-    url = f"{replica.controller.url}/v1/pools/default/second/claims"
+    url = f"{replica.controller.url}/v1/pools/{cluster.namespace}/second/claims"
     async with cluster.http.post(url, json={}) as response:
         body = await response.json()
     assert (response.status, body["error"]["code"]) == (409, "PrefixConflict")
@@ -307,14 +340,14 @@ async def test_a_prefix_conflict_hands_out_nothing(cluster: Cluster) -> None:
 async def test_a_pool_made_invalid_while_no_operator_ran_is_still_deleted(
     cluster: Cluster,
 ) -> None:
-    replica = await cluster.start_operator("--namespace", "default")
+    replica = await cluster.start_operator("--namespace", cluster.namespace)
     await cluster.create_pool(pool_doc("late", idle=1, deletionPolicy="Delete"))
     await wait_until(lambda: len(cluster.jobs("late")) == 1, what="a runner")
     await replica.stop()
     await cluster.patch_pool("late", {"spec": {"nomad": {"jobTemplate": {"Name": "x"}}}})
-    await cluster.start_operator("--namespace", "default")
+    await cluster.start_operator("--namespace", cluster.namespace)
     await cluster.until_condition("late", "Ready", reason="InvalidSpec")
     assert len(cluster.jobs("late")) == 1
-    await cluster.k8s("DELETE", cluster.pool_path("late"))
+    await cluster.delete_pool("late")
     await wait_until(lambda: cluster.pool("late") is None, what="the object to go")
     assert cluster.jobs("late") == []

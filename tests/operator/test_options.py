@@ -74,7 +74,8 @@ def test_missing_kubernetes_credentials_are_a_usage_error(
 async def test_the_command_runs_against_a_cluster_and_stops_on_sigterm(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    config = cluster.fake.kubeconfig(tmp_path / "kubeconfig", token="operator-a")
+    cluster.install_chart()
+    config = cluster.kubeconfig(tmp_path / "kubeconfig")
     port = free_port()
     process = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -82,7 +83,7 @@ async def test_the_command_runs_against_a_cluster_and_stops_on_sigterm(
         "controller",
         "operator",
         "--namespace",
-        "default",
+        cluster.namespace,
         "--insecure-no-auth",
         "--listen",
         f"127.0.0.1:{port}",

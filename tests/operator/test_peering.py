@@ -8,11 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.operator.conftest import (
-    Cluster,
-    Replica,
-    chart_operator_args,
-)
+from tests.operator.conftest import PEERING, Cluster, Replica, chart_operator_args
 from tests.support.documents import pool_doc
 from tests.support.waiting import wait_until
 
@@ -22,10 +18,10 @@ LIFETIME = 3  # seconds; the chart's replicas use controller.operator.PEERING_LI
 
 
 async def start_pair(cluster: Cluster, tmp_path: Path) -> tuple[Replica, Replica]:
-    args = chart_operator_args()
+    args = chart_operator_args(namespace=cluster.namespace)
     assert "--peering" in args and "--priority" not in args  # random, distinct priorities
-    first = await cluster.start_chart_replica("operator-a", tmp_path, LIFETIME)
-    second = await cluster.start_chart_replica("operator-b", tmp_path, LIFETIME)
+    first = await cluster.start_chart_replica("a", tmp_path, LIFETIME)
+    second = await cluster.start_chart_replica("b", tmp_path, LIFETIME)
     assert first.controller.options.priority != second.controller.options.priority
     active, passive = sorted((first, second), key=lambda r: -r.controller.options.priority)
     # The higher priority wins (the first replica may be active alone until it sees the
@@ -48,16 +44,16 @@ async def pair_with_pool(
     return active, passive
 
 
-async def start_with_priority(cluster: Cluster, token: str, priority: int) -> Replica:
+async def start_with_priority(cluster: Cluster, name: str, priority: int) -> Replica:
     """A replica peering with a fixed priority instead of the chart's random one."""
     return await cluster.start_operator(
         "--namespace",
-        "default",
+        cluster.namespace,
         "--peering",
-        "poolkeeper",
+        PEERING,
         "--priority",
         str(priority),
-        token=token,
+        name=name,
         lifetime=LIFETIME,
     )
 
@@ -79,7 +75,7 @@ async def test_only_the_active_replica_reconciles_and_is_ready(
     assert not passive.active
     assert passive.controller.engine.pools == {}
     created = passive.controller.metrics.registry.get_sample_value(
-        "poolkeeper_runners_created_total", {"pool": "default/ha"}
+        "poolkeeper_runners_created_total", {"pool": f"{cluster.namespace}/ha"}
     )
     assert created is None
     assert len(cluster.jobs("ha", live_only=False)) == 3  # nobody created twice
@@ -109,9 +105,8 @@ async def test_takeover_after_a_crash_within_the_peering_lifetime(
 ) -> None:
     active, passive = await pair_with_pool(cluster, tmp_path, "ha", idle=1)
     # A crash: the replica disappears without removing its peering record.
-    cluster.fake.blocked.add(active.token)
     crashed = time.monotonic()
-    await active.stop()
+    await cluster.crash(active)
     await wait_until(lambda: passive.active, within=LIFETIME + 5, what="the takeover")
     took = time.monotonic() - crashed
     assert took <= LIFETIME + 3, took
@@ -121,11 +116,11 @@ async def test_takeover_after_a_crash_within_the_peering_lifetime(
 
 
 async def test_a_replica_that_loses_the_lead_stops_reconciling(cluster: Cluster) -> None:
-    low = await start_with_priority(cluster, "operator-a", 10)
+    low = await start_with_priority(cluster, "low", 10)
     await wait_until(lambda: low.active, what="the only replica to be active")
     await cluster.create_pool(pool_doc("lead", idle=2))
     await wait_until(lambda: len(cluster.jobs("lead")) == 2, what="2 runners")
-    high = await start_with_priority(cluster, "operator-b", 20)
+    high = await start_with_priority(cluster, "high", 20)
     await wait_until(lambda: high.active and not low.active, what="the higher priority to lead")
     assert low.controller.engine.pools == {}  # forgot its pools: the leader owns them now
     assert await cluster.ready(low) == 503
@@ -141,12 +136,12 @@ async def test_a_drain_goes_on_after_a_failover(cluster: Cluster, tmp_path: Path
         lambda: ((cluster.pool("moving") or {}).get("status") or {}).get("idleRunners") == 2,
         what="2 idle runners",
     )
-    url = f"{active.controller.url}/v1/pools/default/moving/claims"
+    url = f"{active.controller.url}/v1/pools/{cluster.namespace}/moving/claims"
     headers = {"Authorization": "Bearer api-token"}
     async with cluster.http.post(url, json={}, headers=headers) as response:
         assert response.status == 201
         runner = (await response.json())["runnerId"]
-    await cluster.k8s("DELETE", cluster.pool_path("moving"))
+    await cluster.delete_pool("moving")
     await wait_until(
         lambda: [j["ID"] for j in cluster.jobs("moving")] == [runner], what="idle runners gone"
     )

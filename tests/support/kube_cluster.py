@@ -230,6 +230,7 @@ class KubeCluster:
     admin_key: Path
     admin_kubeconfig: Path
     client_ca: tuple[Path, Path]  # signs user certificates (``user_kubeconfig``)
+    audit_log: Path | None = None  # JSON lines, one event per request the policy logs
     timings: Timings = field(default_factory=Timings)
     _processes: list[_Process] = field(default_factory=list, repr=False)
     _remove_workdir: bool = field(default=False, repr=False)
@@ -280,8 +281,10 @@ class KubeCluster:
         *,
         token: str | None = None,
         timeout: float = 30.0,
+        content_type: str = "application/json",
     ) -> tuple[int, Any]:
         """One API call as admin, or with ``token`` as a bearer token; (status, JSON or text).
+        ``content_type`` says what ``body`` is (e.g. application/merge-patch+json).
 
         A non-2xx status is returned, not raised.
         """
@@ -289,7 +292,7 @@ class KubeCluster:
         request = urllib.request.Request(self.server + path, data=data, method=method)
         request.add_header("Accept", "application/json")
         if data is not None:
-            request.add_header("Content-Type", "application/json")
+            request.add_header("Content-Type", content_type)
         if token is not None:
             request.add_header("Authorization", f"Bearer {token}")
         context = self.ssl_context(admin=token is None)
@@ -370,6 +373,16 @@ class KubeCluster:
         )  # fmt: skip
         return str(answer["status"]["token"])
 
+    def audit_events(self, offset: int = 0) -> list[dict[str, Any]]:
+        """The audit log's events from byte ``offset`` on (complete lines only); none when
+        the cluster was started without ``audit_policy``."""
+        if self.audit_log is None or not self.audit_log.exists():
+            return []
+        with self.audit_log.open("rb") as log:
+            log.seek(offset)
+            data = log.read()
+        return [json.loads(line) for line in data[: data.rfind(b"\n") + 1].splitlines()]
+
     def write_kubeconfig(
         self, path: Path, user: Mapping[str, str], *, name: str = "user", namespace: str = ""
     ) -> Path:
@@ -432,11 +445,14 @@ def start_cluster(
     extra_apiserver_args: Sequence[str] = (),
     disable_admission_plugins: Sequence[str] = DEFAULT_DISABLED_ADMISSION,
     port_attempts: int = 3,
+    audit_policy: Mapping[str, Any] | None = None,
 ) -> KubeCluster:
     """Start etcd and kube-apiserver and wait until /readyz answers 200.
 
     ``workdir`` holds certificates, keys, data, logs and kubeconfigs (default: a temporary
-    folder removed by ``stop()``); ``binaries`` defaults to ``bin_dir()``. Raises
+    folder removed by ``stop()``); ``binaries`` defaults to ``bin_dir()``. An
+    ``audit_policy`` (an audit.k8s.io/v1 Policy) makes the server log the requests it
+    selects to ``cluster.audit_log`` (blocking mode: written as each request completes). Raises
     KubeClusterError with the log's tail when a process exits or ``timeout`` passes; nothing
     is left running then. A start that fails because a port was taken meanwhile is retried.
     """
@@ -449,7 +465,12 @@ def start_cluster(
     for attempt in range(1, port_attempts + 1):
         try:
             return _start_once(
-                workdir, folder, timeout, extra_apiserver_args, disable_admission_plugins
+                workdir,
+                folder,
+                timeout,
+                extra_apiserver_args,
+                disable_admission_plugins,
+                audit_policy,
             )
         except _PortTaken:
             if attempt == port_attempts:
@@ -477,6 +498,7 @@ def _start_once(
     timeout: float,
     extra_apiserver_args: Sequence[str],
     disable_admission_plugins: Sequence[str],
+    audit_policy: Mapping[str, Any] | None,
 ) -> KubeCluster:
     started = time.monotonic()
     deadline = started + timeout
@@ -504,8 +526,20 @@ def _start_once(
         admin_key=admin_key,
         admin_kubeconfig=work / "admin.kubeconfig",
         client_ca=client_ca,
+        audit_log=None if audit_policy is None else work / "audit.log",
         _remove_workdir=remove,
     )
+    audit_args: list[str] = []
+    if cluster.audit_log is not None:
+        policy = work / "audit-policy.yaml"
+        policy.write_text(yaml.safe_dump(dict(audit_policy or {})))
+        cluster.audit_log.unlink(missing_ok=True)
+        audit_args = [
+            "--audit-policy-file", str(policy),
+            "--audit-log-path", str(cluster.audit_log),
+            "--audit-log-format", "json",
+            "--audit-log-mode", "blocking",
+        ]  # fmt: skip
     atexit.register(cluster.stop)
     try:
         peer = f"http://127.0.0.1:{peer_port}"
@@ -548,6 +582,7 @@ def _start_once(
             "--disable-admission-plugins", ",".join(disable_admission_plugins),
             "--allow-privileged",
             "--cert-dir", str(work / "apiserver-certs"),
+            *audit_args,
             *extra_apiserver_args,
         ], work)  # fmt: skip
         cluster._processes.append(apiserver)

@@ -1,8 +1,8 @@
 """What a Kubernetes API server does with a custom resource under a structural schema.
 
-One emulation, used by the fake API server (``tests/operator/fake_k8s.py``) and by the
-agreement test of the CRD and the model (``tests/unit/test_crd_agreement.py``). In the API
-server's order:
+An emulation, fast enough for the agreement test of the CRD and the model
+(``tests/unit/test_crd_agreement.py``, thousands of documents); the operator's tests run
+against a real kube-apiserver (tests/operator). In the API server's order:
 
 1. the JSON round trip: Go decodes a whole float such as ``5.0`` as a number it validates
    as an integer and stores as ``5``, and an integer beyond int64 as a float;
@@ -21,7 +21,10 @@ server's order:
 With a status subresource a write to the main resource keeps the stored status (drops it
 on create), and a write through ``/status`` changes the status only and validates only it.
 Errors come as the causes of a 422 ``Status``, with the API server's reasons and fields.
-Not emulated: validation ratcheting, ``format`` checks, CEL cost limits.
+Property names are escaped in rules as the API server escapes them (``__namespace__``).
+Not emulated: validation ratcheting, ``format`` checks, CEL cost limits, and the checks of
+the CRD itself (its defaults against its rules): tests/operator installs it into a real
+kube-apiserver.
 """
 
 from __future__ import annotations
@@ -504,6 +507,44 @@ _RULE_PREFIXES: Final = {
 }
 
 
+# CEL's reserved words: a property named like one is __{word}__ in rules (self.__namespace__).
+_CEL_RESERVED: Final = frozenset(
+    {
+        "true", "false", "null", "in", "as", "break", "const", "continue", "else", "for",
+        "function", "if", "import", "let", "loop", "package", "namespace", "return", "var",
+        "void", "while",
+    }
+)  # fmt: skip
+_CEL_ESCAPES: Final = {"__": "__underscores__", ".": "__dot__", "-": "__dash__", "/": "__slash__"}
+
+
+def _cel_name(name: str) -> str:
+    """A property's name in CEL rules, as the API server escapes it."""
+    if name in _CEL_RESERVED:
+        return f"__{name}__"
+    return re.sub(r"__|[./-]", lambda found: _CEL_ESCAPES[found.group()], name)
+
+
+def _cel_view(value: Any, schema: Mapping[str, Any]) -> Any:
+    """``value`` as the rules of ``schema`` see it: declared properties by their CEL names
+    (the keys of a map stay as they are)."""
+    if isinstance(value, dict):
+        properties = schema.get("properties")
+        if isinstance(properties, Mapping):
+            return {
+                (_cel_name(key) if key in properties else key): _cel_view(
+                    item, properties.get(key, {})
+                )
+                for key, item in value.items()
+            }
+        additional = schema.get("additionalProperties")
+        if isinstance(additional, Mapping):
+            return {key: _cel_view(item, additional) for key, item in value.items()}
+    elif isinstance(value, list) and isinstance(schema.get("items"), Mapping):
+        return [_cel_view(item, schema["items"]) for item in value]
+    return value
+
+
 def _cel_causes(
     value: Any, old: Any, schema: Mapping[str, Any], at: tuple[str | int, ...]
 ) -> Iterator[Cause]:
@@ -515,7 +556,9 @@ def _cel_causes(
         transition = _TRANSITION_RULE.search(expression) is not None
         if transition and old is _ABSENT:
             continue
-        activation = {"self": value, "oldSelf": old} if transition else {"self": value}
+        activation = {"self": _cel_view(value, schema)}
+        if transition:
+            activation["oldSelf"] = _cel_view(old, schema)
         if not _holds(expression, activation):
             reason = rule.get("reason", "FieldValueInvalid")
             prefix = _RULE_PREFIXES.get(reason, f'Invalid value: "{_json_type(value)}": ')

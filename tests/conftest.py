@@ -1,4 +1,5 @@
-"""One real etcd and kube-apiserver for the session (tests/support/kube_cluster.py).
+"""One real etcd and kube-apiserver for the session (tests/support/kube_cluster.py), for
+every test folder that needs a Kubernetes API (tests/kube, tests/operator).
 
 The binaries come from scripts/build-kube.sh, run here first: a no-op when current, minutes
 on a fresh machine (its progress is shown). With $KUBE_BIN_DIR set, the binaries there are
@@ -22,6 +23,18 @@ from tests.support import kube_cluster
 from tests.support.kube_cluster import KubeCluster
 
 REQUIRE_KUBE: Final = "POOLKEEPER_REQUIRE_KUBE"
+# What service accounts ask of the server is logged (kube.audit_events()): the operator's
+# tests check which requests it made and that none was refused. A watch is logged when it
+# starts (ResponseStarted) and when it ends; any other request when it completes.
+AUDIT_POLICY: Final = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "Metadata", "userGroups": ["system:serviceaccounts"]},
+        {"level": "None"},
+    ],
+}
 
 _started: list[KubeCluster] = []
 
@@ -60,7 +73,9 @@ def kube(kube_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     """A running cluster, shared by the session: make a namespace per test
     (``kube.create_namespace()``) rather than sharing objects."""
     workdir = tmp_path_factory.mktemp("kube")
-    with kube_cluster.kube_cluster(workdir=workdir, binaries=kube_bin_dir) as cluster:
+    with kube_cluster.kube_cluster(
+        workdir=workdir, binaries=kube_bin_dir, audit_policy=AUDIT_POLICY
+    ) as cluster:
         _started.append(cluster)
         yield cluster
 
