@@ -76,6 +76,7 @@ class ApiTier:
         self.api = ApiServer(
             settings, self.directory, self.sessions, store, self.metrics, self.environments
         )
+        self.executions = self.api.executions
         self._environment_refresh = Periodic(
             "poseidon environments", lambda: settings.resync_seconds, self._refresh_environments
         )

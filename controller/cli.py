@@ -34,7 +34,7 @@ def _command(module: str) -> Callable[[argparse.Namespace], int]:
 NOMAD_ENVIRONMENT = """Nomad is reached as the nomad CLI reaches it:
   NOMAD_ADDR         address (default http://127.0.0.1:4646)
   NOMAD_TOKEN        ACL token (never logged)
-  NOMAD_NAMESPACE    the controller's own namespace (drain records); default "default"
+  NOMAD_NAMESPACE    the controllers' own namespace (drain records, the catalog); default "default"
   NOMAD_REGION       region
   NOMAD_CACERT       CA certificate file or folder for https
   NOMAD_CLIENT_CERT  client certificate for mutual TLS
@@ -155,7 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=keep_layout,
     )
     run.add_argument(
-        "--pools", required=True, metavar="PATH", help="a RunnerPool YAML file or a folder of them"
+        "--pools",
+        metavar="PATH",
+        help="a RunnerPool YAML file or a folder of them (required, but with --no-reconcile)",
     )
     _controller_options(run, "127.0.0.1:8080")
     run.add_argument(

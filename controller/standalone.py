@@ -133,6 +133,8 @@ class Controller(Service):
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     shared = shared_settings(args)
+    if args.pools is None:
+        raise UsageError("--pools PATH is required (pools files, or --no-reconcile)")
     path = Path(args.pools)
     if not path.exists():
         raise UsageError(f"--pools {args.pools}: no such file or folder")
@@ -152,9 +154,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 def main(args: argparse.Namespace) -> int:
     if args.no_reconcile:
         start_logging(args.log_format)
+        ignored = " (--pools is not read)" if args.pools is not None else ""
         log.warning(
-            "--no-reconcile serves as the API tier (poolkeeper api): --pools is not read, "
-            "pools come from what their reconcilers publish in Nomad"
+            "--no-reconcile serves as the API tier (poolkeeper api)%s: pools come from "
+            "what their reconcilers publish in Nomad",
+            ignored,
         )
         return api_tier.main(args)
     start_logging(args.log_format)

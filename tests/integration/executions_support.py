@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from controller.api_tier import ApiTier
 from controller.lab.simulator import Simulator
 from controller.nomad.jobs import TASK_NAME
 from controller.standalone import Controller
@@ -27,7 +28,7 @@ class Runner:
     """A runner claimed through the API, with what a test needs to reach it."""
 
     harness: Harness
-    controller: Controller
+    controller: Controller | ApiTier
     claim: dict[str, Any]
 
     @property
@@ -70,9 +71,18 @@ class Runner:
 
 
 async def claimed_runner(
-    harness: Harness, controller: Controller, pool: str = "py", **body: Any
+    harness: Harness,
+    controller: Controller | ApiTier,
+    pool: str = "py",
+    *,
+    settled: bool = True,
+    **body: Any,
 ) -> Runner:
-    await harness.settled(controller)
+    """A runner claimed through `controller` (settled first, unless it is an API replica:
+    then the caller settles its reconciler)."""
+    if settled:
+        assert isinstance(controller, Controller)
+        await harness.settled(controller)
     status, claim = await harness.api(controller, "POST", f"/v1/pools/default/{pool}/claims", body)
     assert status == 201, claim
     return Runner(harness, controller, claim)

@@ -31,10 +31,16 @@ from .executions_support import Runner, Stream, claimed_runner
 TRACEBACK = re.compile(r"Traceback|File \"|\.py\", line")
 
 
-@pytest.fixture
-async def runner(harness: Harness, tmp_path: Path) -> Runner:
+@pytest.fixture(params=["one process", "API tier"])
+async def runner(harness: Harness, tmp_path: Path, request: pytest.FixtureRequest) -> Runner:
+    """A runner claimed through one process that also reconciles, or through an API
+    replica beside it: both reject the same way."""
     pools = write_pools(tmp_path / "pools.yaml", pool_doc("py", idle=1, maxRunners=10))
-    return await claimed_runner(harness, await harness.start(pools))
+    controller = await harness.start(pools)
+    if request.param == "one process":
+        return await claimed_runner(harness, controller)
+    await harness.settled(controller)
+    return await claimed_runner(harness, await harness.start_api_tier(), settled=False)
 
 
 async def send(

@@ -231,6 +231,7 @@ async def test_an_expiry_written_elsewhere_ends_the_execution(runner: Runner) ->
     async with await runner.stream(command="echo up; sleep 60") as stream:
         await stream.output_until("up")
         # Another process found the claim expired (its renewals did not reach Nomad).
+        assert isinstance(runner.controller, Controller)
         client = runner.controller.client
         path = f"poolkeeper/claims/{runner.id}"
         variable = await client.read_variable(path, "default")

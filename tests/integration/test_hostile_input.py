@@ -26,6 +26,8 @@ from hypothesis import strategies as st
 import controller.api.bodies as common
 import controller.serving as serving
 from controller.api.app import MAX_BODY_BYTES
+from controller.api_tier import ApiTier
+from controller.core.catalog import CATALOG_PREFIX
 from controller.lab.simulator import Simulator
 from controller.standalone import Controller
 from tests.support.documents import pool_doc
@@ -54,7 +56,9 @@ Snapshot = tuple[frozenset[str], tuple[tuple[str, int], ...]]
 class Api:
     """A filled pool behind a controller, and raw access to both."""
 
-    def __init__(self, harness: Harness, controller: Controller, openapi: dict[str, Any]) -> None:
+    def __init__(
+        self, harness: Harness, controller: Controller | ApiTier, openapi: dict[str, Any]
+    ) -> None:
         self.harness = harness
         self.sim: Simulator = harness.sim
         self.controller = controller
@@ -64,7 +68,11 @@ class Api:
     def snapshot(self) -> Snapshot:
         jobs = frozenset(job["ID"] for job in self.sim.job_list("*"))
         variables = tuple(
-            sorted((path, int(var["ModifyIndex"])) for path, var in self.sim.variables("*").items())
+            sorted(
+                (path, int(var["ModifyIndex"]))
+                for path, var in self.sim.variables("*").items()
+                if not path.startswith(CATALOG_PREFIX)  # the reconciler's own publication
+            )
         )
         return jobs, variables
 
@@ -132,14 +140,19 @@ class Api:
         return status, text
 
 
-@pytest.fixture
-async def api(harness: Harness, tmp_path: Path) -> AsyncIterator[Api]:
+@pytest.fixture(params=["one process", "API tier"])
+async def api(
+    harness: Harness, tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[Api]:
+    """The API of one process that also reconciles, or of an API replica beside it: both
+    reject the same way."""
     pools = write_pools(tmp_path / "pools.yaml", pool_doc("py", idle=2, maxRunners=200))
     controller = await harness.start(pools)
     await harness.settled(controller)
-    status, openapi = await harness.api(controller, "GET", "/openapi.json", token=None)
+    server = controller if request.param == "one process" else await harness.start_api_tier()
+    status, openapi = await harness.api(server, "GET", "/openapi.json", token=None)
     assert status == 200
-    client = Api(harness, controller, openapi)
+    client = Api(harness, server, openapi)
     await client.quiescent()
     yield client
     await client.http.close()

@@ -98,3 +98,8 @@ def test_the_reference_documents_every_flag(command):
     flags = {f for action in parser._actions for f in action.option_strings if f.startswith("--")}
     missing = [f for f in flags - {"--help"} if not re.search(rf"{f}(?![\w-])", section)]
     assert sorted(missing) == []
+
+
+def test_run_needs_pools_unless_it_serves_as_the_api_tier(capsys):
+    assert main(["run", "--insecure-no-auth"]) == 2
+    assert "--pools PATH is required" in capsys.readouterr().err
