@@ -122,12 +122,13 @@ class Metrics:
     def set_capability(self, name: str, present: bool) -> None:
         self.capability.labels(name=name).set(1 if present else 0)
 
-    def forget_pool(self, pool: str) -> None:
-        """Drop a removed pool's series so dashboards stop showing it."""
+    def forget_pool(self, pool: str, *, lease: bool = True) -> None:
+        """Drop a removed pool's series so dashboards stop showing it (but its lease
+        series, without `lease`: a reconciler that does not hold a pool says so)."""
         for state in RUNNER_STATES:
             with contextlib.suppress(KeyError):
                 self.runners.remove(pool, state)
-        for gauge in (self.desired_idle, self.pool_lease_held):
+        for gauge in (self.desired_idle, *((self.pool_lease_held,) if lease else ())):
             with contextlib.suppress(KeyError):
                 gauge.remove(pool)
         for type_ in CONDITION_TYPES:

@@ -33,6 +33,10 @@ from controller.core.offers import Offer, Offered
 from controller.core.times import format_time, parse_time
 
 CATALOG_PREFIX: Final = "poolkeeper/catalog/"
+MEMBERS_PREFIX: Final = "poolkeeper/members/"
+# What reconcilers write on their own schedule, whatever clients do: the catalog, and their
+# member records (engine/members.py).
+RECONCILER_RECORDS: Final = (CATALOG_PREFIX, MEMBERS_PREFIX)
 WAITING_PREFIX: Final = "poolkeeper/waiting/"
 DOORBELL_PATH: Final = "poolkeeper/doorbell"
 

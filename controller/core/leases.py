@@ -41,13 +41,17 @@ class LeaseItems:
     holder: str  # a readable identity: hostname/pid, or the operator's pod name
     spec_hash: str  # the spec the holder reconciles ("" for a pool it only drains)
     acquired_at: str = ""
+    # The resource the holder writes the pool's status to (a RunnerPool's UID; "" for a
+    # pool file): another replica reading the same resource leaves it to the holder.
+    resource: str = ""
 
     def to_items(self) -> dict[str, str]:
-        return {"holder": self.holder, "specHash": self.spec_hash, "acquiredAt": self.acquired_at}
+        items = {"holder": self.holder, "specHash": self.spec_hash, "acquiredAt": self.acquired_at}
+        return items | ({"resource": self.resource} if self.resource else {})
 
     @classmethod
-    def taken(cls, holder: str, spec_hash: str, now: datetime) -> LeaseItems:
-        return cls(holder, spec_hash, format_time(now))
+    def taken(cls, holder: str, spec_hash: str, now: datetime, resource: str = "") -> LeaseItems:
+        return cls(holder, spec_hash, format_time(now), resource)
 
     @classmethod
     def from_variable(cls, variable: Mapping[str, Any] | None) -> LeaseItems | None:
@@ -56,10 +60,12 @@ class LeaseItems:
             return None
         spec = items.get("specHash")
         acquired = items.get("acquiredAt")
+        resource = items.get("resource")
         return cls(
             items["holder"],
             spec if isinstance(spec, str) else "",
             acquired if isinstance(acquired, str) else "",
+            resource if isinstance(resource, str) else "",
         )
 
 
@@ -83,6 +89,7 @@ class LeaseState:
     standing: LeaseStanding
     holder: str = ""  # who holds it ("" when nobody is known to)
     holder_spec: str = ""  # the spec hash the holder reconciles
+    holder_resource: str = ""  # the resource it writes the pool's status to
 
     @property
     def held(self) -> bool:

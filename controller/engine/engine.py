@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from controller.claims.store import ClaimStore
 from controller.core.catalog import WaitingRecord
 from controller.core.events import EventSink, PoolEvent
-from controller.core.leases import DEFAULT_TTL_SECONDS
+from controller.core.leases import DEFAULT_TTL_SECONDS, LeaseStanding
 from controller.core.problems import PoolProblem
 from controller.core.readiness import Readiness, assess
 from controller.core.runner_ids import is_runner_id
@@ -26,6 +26,7 @@ from controller.engine.apply import Applier
 from controller.engine.catalog import CatalogPublisher
 from controller.engine.drains import Drains
 from controller.engine.leases import Leases
+from controller.engine.members import Members
 from controller.engine.observe import NodeAccess
 from controller.engine.publish import Publisher, StatusSink
 from controller.engine.reconcile import PassResult, Reconciler
@@ -108,6 +109,7 @@ class Engine:
                 ttl_seconds=lease_ttl_seconds,
                 on_change=self._lease_changed,
                 watcher=watcher,
+                members=Members(port, home_namespace, identity, lease_ttl_seconds, clock),
             )
             if identity is not None
             else None
@@ -149,11 +151,16 @@ class Engine:
     # ---- pools -------------------------------------------------------------------------
 
     def upsert_pool(
-        self, pool: RunnerPool, generation: int = 0, refusal: PoolProblem | None = None
+        self,
+        pool: RunnerPool,
+        generation: int = 0,
+        refusal: PoolProblem | None = None,
+        resource: str = "",
     ) -> None:
         """Register a pool or give it a new spec. `refusal` says why a newer spec was not
-        taken (this one, its last valid version, runs on)."""
-        managed = self._registry.upsert(pool, generation, refusal)
+        taken (this one, its last valid version, runs on); `resource` names the resource
+        its status is written to (a RunnerPool's UID), which its lease then names."""
+        managed = self._registry.upsert(pool, generation, refusal, resource)
         self._pool_added(managed.policy.nomad_namespace)
 
     def remove_pool(
@@ -222,6 +229,23 @@ class Engine:
             reconciler=True,
             lease=self.leases.state if self.leases is not None else None,
         )
+
+    def speaks_for(self, key: str) -> bool:
+        """Whether this process writes what a pool's resource shows (its status, Events):
+        the holder of its lease, or anyone while the holder writes to another resource (a
+        pool file's holder beside this RunnerPool says LeaseHeldElsewhere only here); for a
+        pool without a lease (never valid), one reconciler."""
+        if self.leases is None:
+            return True
+        managed = self._registry.get(key)
+        if managed is None:
+            return self.leases.speaker()
+        if self.leases.holds(key):
+            return True
+        state = self.leases.state(key)
+        if state.standing is LeaseStanding.ELSEWHERE:
+            return not managed.resource or state.holder_resource != managed.resource
+        return self.leases.speaker()
 
     async def purge_ended(self, key: str, runner_id: str, namespace: str, state: str) -> None:
         """Purge the job of a runner whose claim just became a tombstone (`state`: why),

@@ -5,6 +5,13 @@ while another process holds it, it watches the lease variable with a blocking qu
 tries again as soon as the variable changes (a release, or Nomad freeing an expired lock)
 or TTL/3 passes. So a pool given back on SIGTERM is taken over within a moment.
 
+With members (engine/members.py), leases are spread over the live reconcilers
+(core/balance.py): every TTL/3 a process says which pools it defines, reads who else
+does, gives back the leases assigned to others and takes the free ones assigned to it; a
+lease that comes free is taken only by the process it is assigned to (which reads the
+members again first, so a stopped process's share is taken at once). A lease of a pool only
+being drained (no spec) is not spread: any process takes it.
+
 Fencing is by time: a lease counts as held only until one TTL after the last renewal that
 succeeded (measured from when it was sent), while Nomad frees an unrenewed lock only twice
 its TTL after the last renewal, then keeps it for the lock delay. So a holder that cannot
@@ -17,10 +24,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.core.balance import assign
 from controller.core.events import EventSink, lease_acquired, lease_lost
 from controller.core.leases import (
     LOCK_DELAY_SECONDS,
@@ -30,6 +38,7 @@ from controller.core.leases import (
     lease_path,
 )
 from controller.core.times import utcnow
+from controller.engine.members import Members
 from controller.nomad.errors import NomadError
 from controller.nomad.port import Locks, LockTerms, VariableWatch
 
@@ -37,6 +46,8 @@ log = logging.getLogger(__name__)
 
 # How long stopping may spend giving leases back.
 RELEASE_SECONDS = 2.0
+# A lease that comes free reads the members again at most this often.
+REBALANCE_SECONDS = 0.25
 
 
 @dataclass
@@ -44,13 +55,17 @@ class _Lease:
     key: str
     namespace: str  # the pool's Nomad namespace: where its runners, and its lease, are
     spec_hash: str
+    resource: str = ""  # the resource this process writes the pool's status to
     lock_id: str | None = None  # ours, while we hold it
     valid_until: float = 0.0  # monotonic: we may write the pool until then
     written_spec: str = ""  # the spec hash in the lease's items while we hold it
+    written_resource: str = ""  # and the resource
     holder: str = ""
     holder_spec: str = ""
+    holder_resource: str = ""
     refused: bool = False  # Nomad refused our last acquisition: the lock is someone's
     seen_index: int = 0  # the lease variable's ModifyIndex when last read
+    changed_at: float = -float("inf")  # monotonic: when its variable was last seen changing
     last_round: float | None = None  # monotonic time of the last renewal or attempt
     lapsed: bool = False  # no renewal succeeded for a TTL: not written, LeaseLost said
     busy: asyncio.Lock = field(default_factory=asyncio.Lock)  # one round at a time
@@ -72,9 +87,11 @@ class Leases:
         on_change: Callable[[str], None],
         monotonic: Callable[[], float] = time.monotonic,
         watcher: VariableWatch | None = None,
+        members: Members | None = None,
     ) -> None:
         """`watcher` makes the blocking reads of leases held elsewhere (a session whose
-        connections may wait; the port's by default)."""
+        connections may wait; the port's by default); `members`, when given, spreads the
+        leases over the live reconcilers."""
         self._port = port
         self._watcher: VariableWatch = watcher or port
         self.identity = identity
@@ -84,16 +101,33 @@ class Leases:
         self._monotonic = monotonic
         self._leases: dict[str, _Lease] = {}
         self._running = False
+        self._members = members
+        # The pools assigned to this process (None: take any, as without members); empty
+        # until the members were first read.
+        self._target: frozenset[str] | None = None if members is None else frozenset()
+        self._read_at = -float("inf")  # monotonic: when the last reading of them began
+        self._live: dict[str, frozenset[str]] = {}  # the members as last read
+        self._balancing = asyncio.Lock()
+        self._balancer: asyncio.Task[None] | None = None
+        self._wakeups: set[asyncio.Task[None]] = set()
 
     # -- what the engine asks ----------------------------------------------------------
 
-    def want(self, key: str, namespace: str, spec_hash: str) -> None:
-        """Hold this pool's lease, for this spec."""
+    def want(self, key: str, namespace: str, spec_hash: str, resource: str = "") -> None:
+        """Hold this pool's lease, for this spec (and this resource, where this process
+        writes the pool's status)."""
         lease = self._leases.get(key)
         if lease is None:
             lease = self._leases[key] = _Lease(key, namespace, spec_hash)
             self._follow(lease)
-        lease.spec_hash = spec_hash
+            if self._members is not None and self._running:
+                self._soon(self._balance())  # the pools it defines changed: its share too
+        lease.spec_hash, lease.resource = spec_hash, resource
+
+    def speaker(self) -> bool:
+        """Whether this process speaks for pools nobody holds a lease of (a pool never
+        valid): the first of the live reconcilers by identity, so one writes its status."""
+        return not self._live or min(self._live) == self.identity
 
     def wanted(self, namespace: str) -> set[str]:
         return {k for k, lease in self._leases.items() if lease.namespace == namespace}
@@ -116,11 +150,16 @@ class Leases:
         if self.holds(key):
             return LeaseState(LeaseStanding.HELD, self.identity, lease.spec_hash)
         if not lease.refused:
+            if self._shared_with(lease):
+                # Not tried (another reconciler's share): its items name a live member.
+                return LeaseState(
+                    LeaseStanding.ELSEWHERE, lease.holder, lease.holder_spec, lease.holder_resource
+                )
             return LeaseState(LeaseStanding.FREE)
         # The items name who took the lock; our own identity there is a process before us.
         mine = lease.holder == self.identity
         standing = LeaseStanding.STALE if mine else LeaseStanding.ELSEWHERE
-        return LeaseState(standing, lease.holder, lease.holder_spec)
+        return LeaseState(standing, lease.holder, lease.holder_spec, lease.holder_resource)
 
     async def held_elsewhere(self, key: str, namespace: str, *, take: bool) -> bool:
         """Whether a live process holds the lease of a pool this process does not define:
@@ -160,15 +199,26 @@ class Leases:
         self._running = True
         for lease in self._leases.values():
             self._follow(lease)
+        if self._members is not None and self._balancer is None:
+            self._balancer = asyncio.create_task(self._keep_balancing(), name="lease balance")
 
     async def stop(self, *, release: bool = True) -> None:
         """Stop following; with `release` (a graceful stop) give every held lease back, so
         that a successor takes over at once rather than after the TTL."""
         self._running = False
+        if self._balancer is not None:
+            self._balancer.cancel()
+            await asyncio.gather(self._balancer, *self._wakeups, return_exceptions=True)
+            self._balancer = None
         leases = list(self._leases.values())
         self._leases.clear()
         for lease in leases:
             await self._stop_following(lease)
+        if release and self._members is not None:
+            # First no longer a member: whoever sees a lease come free takes it at once.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(RELEASE_SECONDS):
+                    await self._members.leave()
         if release:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(RELEASE_SECONDS):
@@ -204,6 +254,8 @@ class Leases:
             await asyncio.sleep(self.ttl / 3)
             return False
         changed = index != lease.seen_index
+        if changed:
+            lease.changed_at = self._monotonic()
         lease.seen_index = index
         if variable is not None:
             self._note_holder(lease, variable)
@@ -226,8 +278,11 @@ class Leases:
                 self._note_lapse(lease, error)
 
     async def _acquire(self, lease: _Lease) -> None:
+        if not await self._may_take(lease):
+            self._note_holder(lease, await self._port.read_variable(lease.path, lease.namespace))
+            return
         sent = self._monotonic()
-        items = LeaseItems.taken(self.identity, lease.spec_hash, utcnow())
+        items = LeaseItems.taken(self.identity, lease.spec_hash, utcnow(), lease.resource)
         stored = await self._port.acquire_lock(
             lease.path, items.to_items(), lease.namespace, self._terms
         )
@@ -237,7 +292,8 @@ class Leases:
             return
         lease.lock_id = _lock_id(stored)
         lease.valid_until = sent + self.ttl
-        lease.written_spec, lease.holder, lease.holder_spec = lease.spec_hash, "", ""
+        lease.written_spec, lease.written_resource = lease.spec_hash, lease.resource
+        lease.holder, lease.holder_spec, lease.holder_resource = "", "", ""
         self._events(lease_acquired(lease.key, self.identity))
         self._on_change(lease.namespace)
 
@@ -259,12 +315,84 @@ class Leases:
             lease.lapsed = False
             self._events(lease_acquired(lease.key, self.identity))
             self._on_change(lease.namespace)
-        if lease.written_spec != lease.spec_hash:
-            items = LeaseItems.taken(self.identity, lease.spec_hash, utcnow())
+        if (lease.written_spec, lease.written_resource) != (lease.spec_hash, lease.resource):
+            items = LeaseItems.taken(self.identity, lease.spec_hash, utcnow(), lease.resource)
             await self._port.write_locked(
                 lease.path, items.to_items(), lease.namespace, lease.lock_id
             )
-            lease.written_spec = lease.spec_hash
+            lease.written_spec, lease.written_resource = lease.spec_hash, lease.resource
+
+    # -- spreading the leases ------------------------------------------------------------
+
+    async def _may_take(self, lease: _Lease) -> bool:
+        """Whether this process is to take the lease now. One not assigned to it is looked
+        at again with the members read anew if its variable changed since they were last
+        read (the process it was assigned to may just have stopped and released it), or at
+        most every REBALANCE_SECONDS otherwise."""
+        if self._assigned(lease):
+            return True
+        unknown = lease.key not in self._live.get(self.identity, frozenset())
+        stale = max(lease.changed_at, self._monotonic() - REBALANCE_SECONDS) >= self._read_at
+        if unknown or stale:
+            # A pool defined since the last reading is said at once; otherwise the record
+            # stays as it is, so that the others, reading it too, deal out the same.
+            await self._balance(beat=unknown)
+        return self._assigned(lease)
+
+    def _shared_with(self, lease: _Lease) -> bool:
+        """Whether the lease's last holder is another live reconciler that defines the
+        pool (the lease is its share: this process leaves it alone)."""
+        holder = lease.holder
+        return (
+            bool(holder)
+            and holder != self.identity
+            and lease.key in self._live.get(holder, frozenset())
+        )
+
+    def _assigned(self, lease: _Lease) -> bool:
+        return self._target is None or not lease.spec_hash or lease.key in self._target
+
+    async def _keep_balancing(self) -> None:
+        while True:
+            await self._balance()
+            await asyncio.sleep(self.ttl / 3)
+
+    async def _balance(self, *, beat: bool = True) -> None:
+        """Say which pools this process defines (with `beat`), read the members, and act on
+        the assignment: give back what is assigned to others, take what is free and ours."""
+        assert self._members is not None
+        async with self._balancing:
+            spread = {k: lease for k, lease in self._leases.items() if lease.spec_hash}
+            self._read_at = self._monotonic()
+            try:
+                if beat:
+                    await self._members.beat(spread, [key for key in spread if self.holds(key)])
+                membership = await self._members.live()
+            except NomadError as error:
+                log.warning("reading the reconcilers sharing the pools: %s", error)
+                self._target = None  # leases still keep every pool to one holder
+                return
+            members, holders = membership.defines, membership.holders
+            members[self.identity] = frozenset(spread)
+            self._live = members
+            self._target = assign(members, holders).get(self.identity, frozenset())
+        for key, lease in spread.items():
+            if key in self._target:
+                if not self.holds(key) and not self._shared_with(lease):
+                    self._wake(lease)  # free, or its holder is no member any more
+            elif self.holds(key) and self._leases.get(key) is lease:
+                log.info("pool %s: the lease goes to another reconciler's share", key)
+                await self._release(lease)
+                self._on_change(lease.namespace)
+
+    def _wake(self, lease: _Lease) -> None:
+        """Try a free lease assigned to this process now, not at its follower's next turn."""
+        self._soon(self._keep(lease, force=True))
+
+    def _soon(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._wakeups.add(task)
+        task.add_done_callback(self._wakeups.discard)
 
     def _note_lapse(self, lease: _Lease, error: NomadError) -> None:
         """A held lease whose renewals kept failing for a whole TTL is no longer written
@@ -279,9 +407,9 @@ class Leases:
 
     def _note_holder(self, lease: _Lease, variable: dict[str, Any] | None) -> None:
         items = LeaseItems.from_variable(variable)
-        holder, spec = (items.holder, items.spec_hash) if items else ("", "")
-        if (holder, spec) != (lease.holder, lease.holder_spec):
-            lease.holder, lease.holder_spec = holder, spec
+        holder = (items.holder, items.spec_hash, items.resource) if items else ("", "", "")
+        if holder != (lease.holder, lease.holder_spec, lease.holder_resource):
+            lease.holder, lease.holder_spec, lease.holder_resource = holder
             self._on_change(lease.namespace)
 
     async def _release(self, lease: _Lease) -> None:

@@ -183,7 +183,7 @@ class Reconciler:
         if self.leases is None:
             return list(pools)
         for managed in pools:
-            self.leases.want(managed.key, namespace, managed.spec_hash)
+            self.leases.want(managed.key, namespace, managed.spec_hash, managed.resource)
         for key in self.leases.wanted(namespace) - {m.key for m in pools}:
             await self.leases.drop(key)
         await self.leases.refresh([m.key for m in pools])
@@ -280,7 +280,7 @@ class Reconciler:
         )
         self._observed.pop(managed.key, asyncio.Event()).set()
         if not acting:  # observes, never writes: another process holds the lease
-            await self.publisher.publish(managed, runners, now)
+            await self.publisher.publish(managed, runners, now, exports=self.leases is None)
             return _Outcome()
         todo = await compute(
             len(runners),

@@ -53,6 +53,7 @@ class ManagedPool:
     classified_policy: PoolPolicy | None = None  # the policy `runners` were classified with
     seen_running: frozenset[str] = frozenset()  # runners seen running (breaker successes)
     lease: LeaseState | None = None  # who reconciles it; None where leases do not apply
+    resource: str = ""  # the resource its status is written to (a RunnerPool's UID)
     target: IdleTarget | None = None  # the last pass's idle target
     # Where the shrink of the demand part stands; the one thing a restart may lose
     # (core/demand.py says how it degrades).
@@ -171,7 +172,9 @@ class PoolRegistry:
     def view(self, key: str) -> PoolView | None:
         return self._pools.get(key)
 
-    def upsert(self, pool: RunnerPool, generation: int, refusal: PoolProblem | None) -> ManagedPool:
+    def upsert(
+        self, pool: RunnerPool, generation: int, refusal: PoolProblem | None, resource: str = ""
+    ) -> ManagedPool:
         """Register a new pool or give a known one its new spec (immutable fields are the
         caller's to check, see controller.sources.registration)."""
         rendered = render_job(pool)
@@ -194,7 +197,7 @@ class PoolRegistry:
         else:
             managed.pool, managed.policy, managed.rendered_job = pool, policy, rendered
             managed.generation = generation
-        managed.refusal = refusal
+        managed.refusal, managed.resource = refusal, resource
         self._resolve_conflicts()
         return managed
 

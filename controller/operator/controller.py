@@ -5,7 +5,9 @@ Objects are registered by the rule both front doors share (sources/registration.
 invalid or immutable-violating update keeps the last valid version running, reported in
 `SpecAccepted`. The engine reports status through `on_status`, which this module writes to
 the status subresource (never the spec), and what happens to a pool through `on_event`,
-which becomes a Kubernetes Event (and a log line).
+which becomes a Kubernetes Event (and a log line). Every replica registers every pool;
+only the holder of a pool's lease writes its status and posts its Events (Engine.speaks_for),
+so replicas that share the pools never write one resource twice.
 """
 
 from __future__ import annotations
@@ -216,7 +218,7 @@ class OperatorController(Service):
             known.engine_status = _status_without_pool(known, generation, refusal)
             await self._write_status(known)
         else:
-            self.engine.upsert_pool(registration.pool, generation, refusal)
+            self.engine.upsert_pool(registration.pool, generation, refusal, known.ref.uid)
             view = self.engine.pools[registration.pool.key]
             if first and view.status is None and known.engine_status is not None:
                 # A restarted operator keeps condition transition times (and writes
@@ -252,15 +254,15 @@ class OperatorController(Service):
 
     async def _on_status(self, key: str, status: PoolStatus) -> None:
         known = self.registrations.get(key)
-        if known is None:
-            return  # a drain resumed from Nomad whose object is already gone
+        if known is None or not self.engine.speaks_for(key):
+            return  # a drain resumed from Nomad whose object is gone, or another's pool
         known.engine_status = status
         await self._write_status(known)
 
     def _on_event(self, event: PoolEvent) -> None:
         log_event(event)
         known = self.registrations.get(event.pool)
-        if known is not None:
+        if known is not None and self.engine.speaks_for(event.pool):
             type_ = "Warning" if event.warning else "Normal"
             self._spawn(self._event(known.ref, type_, event.reason, event.message))
 
@@ -271,6 +273,8 @@ class OperatorController(Service):
     async def _write_status_now(self, known: Registration) -> None:
         if self.kube is None or known.engine_status is None:
             return
+        if not self.engine.speaks_for(known.ref.key):
+            return  # another replica holds the pool's lease and writes its status
         document = known.engine_status.to_dict()
         engine_types = {c["type"] for c in document["conditions"]}
         document["conditions"] += [
@@ -282,7 +286,7 @@ class OperatorController(Service):
             log.warning("writing the status of %s failed: %s", known.ref.key, error)
 
     async def _event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
-        if self.kube is None:
+        if self.kube is None or not self.engine.speaks_for(ref.key):
             return
         try:
             await self.kube.post_event(ref, type_, reason, message)
@@ -316,7 +320,7 @@ class OperatorController(Service):
             return
         if view is None:
             assert pool is not None  # no view and no pool returned above
-            self.engine.upsert_pool(pool, known.seen_generation)
+            self.engine.upsert_pool(pool, known.seen_generation, resource=known.ref.uid)
             view = self.engine.pools[ref.key]
         mode, deadline = (
             removal(pool, _deletion_time(meta)) if pool is not None else (PoolMode.DRAIN, None)

@@ -27,7 +27,7 @@ import controller.api.bodies as common
 import controller.serving as serving
 from controller.api.app import MAX_BODY_BYTES
 from controller.api_tier import ApiTier
-from controller.core.catalog import CATALOG_PREFIX
+from controller.core.catalog import RECONCILER_RECORDS
 from controller.lab.simulator import Simulator
 from controller.standalone import Controller
 from tests.support.documents import pool_doc
@@ -71,7 +71,7 @@ class Api:
             sorted(
                 (path, int(var["ModifyIndex"]))
                 for path, var in self.sim.variables("*").items()
-                if not path.startswith(CATALOG_PREFIX)  # the reconciler's own publication
+                if not path.startswith(RECONCILER_RECORDS)  # on reconcilers' own schedule
             )
         )
         return jobs, variables

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from controller.api_tier import ApiTier
-from controller.core.catalog import CATALOG_PREFIX
+from controller.core.catalog import RECONCILER_RECORDS
 from controller.core.runner_ids import META_POOL
 from controller.lab.simulator import SimServer
 from controller.poseidon.context import EnvironmentMode, PoseidonSettings
@@ -154,11 +154,11 @@ async def after_passes(
 
 def client_records(harness: Harness) -> dict[str, Any]:
     """The variables clients' requests write (claims, request records, environments); not
-    what the reconciler publishes on its own passes (the catalog)."""
+    what reconcilers write on their own schedule (the catalog, member records)."""
     return {
         path: variable
         for path, variable in harness.sim.variables("default").items()
-        if not path.startswith(CATALOG_PREFIX)
+        if not path.startswith(RECONCILER_RECORDS)
     }
 
 
