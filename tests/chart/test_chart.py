@@ -610,7 +610,8 @@ def render_notes(tmp_path: Path, values: Mapping[str, str]) -> str:
 
 def test_notes_render(tmp_path: Path) -> None:
     notes = render_notes(tmp_path, {})
-    assert "kubectl scale rpool/python-312" in notes
+    # The pool's namespace is named: a user's kubeconfig may point at another.
+    assert f"kubectl scale rpool/python-312 --replicas=10 -n {NAMESPACE}\n" in notes
     assert "create secret generic poolkeeper-nomad" in notes
     assert "create secret generic poolkeeper-api-tokens" in notes
     assert f"RunnerPools in: {NAMESPACE}" in notes

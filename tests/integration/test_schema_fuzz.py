@@ -26,6 +26,7 @@ from schemathesis.core.result import Ok
 from schemathesis.specs.openapi import checks
 from schemathesis.specs.openapi.definitions import OPENAPI_31
 
+from tests.support.documents import as_integers
 from tests.support.fuzzing import against_live_service
 
 from .conftest import TOKEN, Harness
@@ -61,18 +62,6 @@ CHECKS = [
     checks.response_schema_conformance,
     checks.positive_data_acceptance,
 ]
-
-
-def as_integers(value: Any) -> Any:
-    """Floats without a fraction as integers: JSON Schema cannot tell 5.0 from 5, which
-    Go's and pydantic's strict integers tell apart (5.0 is 400)."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, list):
-        return [as_integers(item) for item in value]
-    if isinstance(value, dict):
-        return {key: as_integers(item) for key, item in value.items()}
-    return value
 
 
 def within_the_pool(case: Any) -> None:

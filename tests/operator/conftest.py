@@ -139,12 +139,7 @@ def crds(kube: KubeCluster) -> KubeCluster:
         "wait", "--for=condition=Established", "--timeout=60s",
         *(f"crd/{name}" for name in CRD_NAMES),
     )  # fmt: skip
-    # Established is not served yet: the storage of a new resource answers 429 "storage is
-    # (re)initializing" for a moment.
-    deadline = time.monotonic() + 30
-    while kube.request("GET", f"/apis/{GROUP}/{VERSION}/{PLURAL}")[0] != 200:
-        assert time.monotonic() < deadline, "RunnerPools are never served"
-        time.sleep(0.05)
+    kube.wait_served(f"/apis/{GROUP}/{VERSION}/{PLURAL}")  # Established is not served yet
     return kube
 
 

@@ -41,3 +41,16 @@ def with_fields(document: dict[str, Any], changes: Mapping[str, Any]) -> dict[st
         else:
             node[leaf] = value
     return document
+
+
+def as_integers(value: Any) -> Any:
+    """``value`` with every float without a fraction an integer, as Go writes a JSON number
+    it holds as a float back (``5.0`` as ``5``). JSON Schema cannot tell 5.0 from 5 either;
+    pydantic's and Go's strict integers do."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [as_integers(item) for item in value]
+    if isinstance(value, dict):
+        return {key: as_integers(item) for key, item in value.items()}
+    return value

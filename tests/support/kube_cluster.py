@@ -306,6 +306,16 @@ class KubeCluster:
         except ValueError:
             return status, raw.decode(errors="replace")
 
+    def wait_served(self, path: str, timeout: float = 30.0) -> None:
+        """Wait until ``GET path`` answers 200: a custom resource answers 429 "storage is
+        (re)initializing" for a moment after its CRD is created or changed, Established or
+        not."""
+        deadline = time.monotonic() + timeout
+        while (answer := self.request("GET", path))[0] != 200:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"GET {path} not served in {timeout} s: {answer}")
+            time.sleep(0.05)
+
     def _ok(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
         status, answer = self.request(method, path, body)
         if not 200 <= status < 300:
