@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-fast lint demo clean helm promtool kube
+.PHONY: venv test test-fast lint demo clean helm promtool haproxy kube
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -28,16 +28,21 @@ helm:
 promtool:
 	scripts/fetch-promtool.sh || echo "make promtool: going on without promtool" >&2
 
+# HAProxy for the API tier soak (Debian's haproxy package, see the script). Where it cannot
+# be had the soak's tests are skipped, and say so; CI requires it (.ci/run).
+haproxy:
+	scripts/fetch-haproxy.sh || echo "make haproxy: going on without haproxy" >&2
+
 # The operator's tests run against a real kube-apiserver, etcd and kubectl, built from their
 # Go modules (tools/kube, scripts/build-kube.sh): minutes the first time, a no-op after.
 kube:
 	scripts/build-kube.sh
 
-test: lint helm promtool kube
+test: lint helm promtool haproxy kube
 	$(BIN)/pytest -q
 
 # What a change needs first: lint and every test not marked slow (pyproject.toml's markers).
-test-fast: lint helm promtool kube
+test-fast: lint helm promtool haproxy kube
 	$(BIN)/pytest -q -m "not slow"
 
 demo: $(STAMP)

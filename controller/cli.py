@@ -282,6 +282,12 @@ def build_parser() -> argparse.ArgumentParser:
     chaos.add_argument("--json", dest="json_file", metavar="FILE", help="write the report here")
     chaos.add_argument("--markdown", help="write docs/reliability.md from the report")
     chaos.add_argument("--workdir", help="keep the controller logs in this folder")
+    chaos.add_argument(
+        "--api-tier",
+        action="store_true",
+        help="the API tier soak: two `poolkeeper api` replicas behind HAProxy, one SIGKILLed "
+        "at random every 20-60 s (needs haproxy: make haproxy)",
+    )
     chaos.set_defaults(handler=_command("controller.lab.chaos"))
 
     status = commands.add_parser("status", help="a live table of a controller's pools")

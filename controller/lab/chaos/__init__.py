@@ -39,31 +39,55 @@ What is checked (exactly):
   runner too is purged by the holder alone);
 * no HTTP 5xx other than 503 from the API, no controller exit that the driver did not
   cause, no traceback in either controller's logs.
+
+`--api-tier` runs the API tier soak instead (tier_soak.py says what it does and checks):
+two `poolkeeper api` replicas behind HAProxy, one reconciler, API replicas SIGKILLed.
 """
 
 # The parts, each in its own module: schedule (the faults drawn from the seed), world (the
-# pools and what Nomad holds of them), processes (the two controllers), clients (claims
-# and their checks), faults (injecting and ending them), monitor (the continuous checks),
-# violations (the one list of findings), soak (the rounds, the final leak check and the
-# report) and report (docs/reliability.md).
+# pools and what Nomad holds of them), processes (the controllers and API replicas),
+# clients (claims and their checks), faults (injecting and ending them), monitor (the
+# continuous checks), violations (the one list of findings), soak (the rounds, the final
+# leak check and the report) and report (docs/reliability.md). The API tier soak
+# (`--api-tier`, tier_soak.py: what it checks) adds balancer (HAProxy) and ledger (every
+# request through the balancer, and why each that failed failed).
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from controller.lab.chaos.report import render_markdown
+from controller.lab.chaos.balancer import BalancerMissing, haproxy_binary
+from controller.lab.chaos.report import (
+    render_markdown,
+    render_tier_section,
+    tier_section,
+    with_tier_section,
+)
 from controller.lab.chaos.schedule import FAULT_KINDS, Profile, make_schedule
 from controller.lab.chaos.soak import soak
+from controller.lab.chaos.tier_soak import tier_soak
 
-__all__ = ["FAULT_KINDS", "Profile", "main", "make_schedule", "render_markdown", "run_chaos"]
+__all__ = [
+    "FAULT_KINDS",
+    "Profile",
+    "main",
+    "make_schedule",
+    "render_markdown",
+    "run_chaos",
+    "run_tier_chaos",
+]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
+EXIT_USAGE = 2
+# Left out of the summary printed: long lists that the JSON report keeps.
+DETAIL_KEYS = ("faults", "convergence_by_round", "kills", "failures")
 
 
 async def run_chaos(seed: int, minutes: float, workdir: Path | None = None) -> dict[str, Any]:
@@ -74,27 +98,47 @@ async def run_chaos(seed: int, minutes: float, workdir: Path | None = None) -> d
         return await soak(seed, minutes, Path(scratch))
 
 
+async def run_tier_chaos(seed: int, minutes: float, workdir: Path | None = None) -> dict[str, Any]:
+    """One API tier soak; the processes' logs stay in `workdir` when one is given."""
+    if workdir is not None:
+        return await tier_soak(seed, minutes, workdir)
+    with tempfile.TemporaryDirectory(prefix="poolkeeper-chaos-") as scratch:
+        return await tier_soak(seed, minutes, Path(scratch))
+
+
 def main(args: argparse.Namespace) -> int:
     minutes = float(args.minutes)
-    seeds = [int(args.seed)]
-    reports = []
-    for seed in seeds:
-        workdir = Path(args.workdir) if getattr(args, "workdir", None) else None
-        if workdir is not None:
-            workdir.mkdir(parents=True, exist_ok=True)
-        report = asyncio.run(run_chaos(seed, minutes, workdir))
-        reports.append(report)
-        summary = {k: v for k, v in report.items() if k not in ("faults", "convergence_by_round")}
-        print(json.dumps(summary, indent=2))
+    seed = int(args.seed)
+    api_tier = bool(getattr(args, "api_tier", False))
+    if api_tier:
+        try:
+            haproxy_binary()
+        except BalancerMissing as error:
+            print(f"poolkeeper chaos: {error}", file=sys.stderr)
+            return EXIT_USAGE
+    workdir = Path(args.workdir) if getattr(args, "workdir", None) else None
+    if workdir is not None:
+        workdir.mkdir(parents=True, exist_ok=True)
+    run = run_tier_chaos if api_tier else run_chaos
+    report = asyncio.run(run(seed, minutes, workdir))
+    summary = {k: v for k, v in report.items() if k not in DETAIL_KEYS}
+    print(json.dumps(summary, indent=2))
     json_file = getattr(args, "json_file", None)
     if json_file:
-        Path(json_file).write_text(json.dumps(reports[0], indent=2) + "\n")
+        Path(json_file).write_text(json.dumps(report, indent=2) + "\n")
     markdown = getattr(args, "markdown", None)
     if markdown:
+        page = Path(markdown)
+        old = page.read_text() if page.exists() else ""
         command = (
-            f"python -m controller.lab.chaos --minutes {minutes:g} --seed {seeds[0]} "
-            f"--markdown {markdown}"
+            f"python -m controller.lab.chaos{' --api-tier' if api_tier else ''} "
+            f"--minutes {minutes:g} --seed {seed} --markdown {markdown}"
         )
-        Path(markdown).write_text(render_markdown(reports, command))
-    failed = any(r["invariant_violations"] for r in reports)
-    return EXIT_FAILURE if failed else EXIT_OK
+        # Each soak renders its own part of the page and keeps the other's.
+        if api_tier:
+            page.write_text(with_tier_section(old, render_tier_section(report, command)))
+        else:
+            page.write_text(
+                with_tier_section(render_markdown([report], command), tier_section(old))
+            )
+    return EXIT_FAILURE if report["invariant_violations"] else EXIT_OK

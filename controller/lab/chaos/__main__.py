@@ -18,6 +18,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", dest="json_file")
     parser.add_argument("--markdown", help="write docs/reliability.md from the report")
     parser.add_argument("--workdir", help="keep the controller logs in this folder")
+    parser.add_argument("--api-tier", action="store_true", help="the API tier soak")
     return parser
 
 

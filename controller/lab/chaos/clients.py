@@ -8,15 +8,17 @@ import json
 import random
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
+from controller.lab.chaos.balancer import ORIGIN_HEADER, REPLICA_HEADER
 from controller.lab.chaos.faults import FaultedRunners
+from controller.lab.chaos.ledger import Ledger, Sent, describe
 from controller.lab.chaos.processes import TOKEN, ControllerProcess
-from controller.lab.chaos.schedule import Profile
 from controller.lab.chaos.violations import Violations
 from controller.lab.chaos.world import NAMESPACE, POOLS, PoolSpec
 
@@ -34,6 +36,17 @@ class HeldClaim:
     done: bool = False
 
 
+@dataclass(frozen=True)
+class Habits:
+    """How the clients work; the defaults are the chaos soak's."""
+
+    inactivity: tuple[int, int]  # claims' inactivity timeouts are drawn from this range
+    claim_attempts: int = 10  # tries of one requestId while the API does not answer
+    wait_seconds: int = 1  # a claim's wait for an idle runner
+    # The share of the steps while holding a runner that are a waited execution (`echo`).
+    execution_share: float = 0.0
+
+
 @dataclass
 class Stats:
     claims_served: int = 0
@@ -45,16 +58,56 @@ class Stats:
     ended: Counter[str] = field(default_factory=Counter)
     double_claims: int = 0
     claims_lost: int = 0
+    claims_given_up: int = 0  # every try of a requestId unanswered
+    claims_ended_unanswered: int = 0  # a retried requestId's claim had ended already
+    executions: int = 0  # waited executions that answered with their output
 
 
 def _parse_time(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
+class Api(Protocol):
+    async def request(
+        self, http: aiohttp.ClientSession, method: str, path: str, body: Any = None
+    ) -> tuple[int, Any]:
+        """(status, JSON body); status 0 when the API did not answer."""
+
+
+async def _send(
+    http: aiohttp.ClientSession, method: str, url: str, body: Any
+) -> tuple[int, str, Mapping[str, str]]:
+    """(status, text, headers); status 0 when nothing answered, with why as the text."""
+    try:
+        async with http.request(
+            method,
+            url,
+            json=body,
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=aiohttp.ClientTimeout(total=15),
+        ) as response:
+            return response.status, await response.text(), response.headers
+    except (aiohttp.ClientError, TimeoutError, ConnectionError) as error:
+        return 0, f"{type(error).__name__}: {error}", {}
+
+
+def _decoded(violations: Violations, method: str, path: str, status: int, text: str) -> Any:
+    """The answer's JSON body; an answer no API may give (a 5xx but 503, a traceback) is
+    a violation."""
+    try:
+        payload = json.loads(text) if text else None
+    except ValueError:
+        payload = text
+    if status >= 500 and status != 503:
+        violations.add_once(f"5xx:{method}:{path}:{status}", f"{method} {path} answered {status}")
+    if "Traceback" in text:
+        violations.add_once(f"traceback:{path}", f"{method} {path} answered a traceback")
+    return payload
+
+
 @dataclass
 class ControllerApi:
-    """Requests to the controller, or to the second controller while it runs; an answer no
-    API may give (a 5xx but 503, a traceback) is a violation."""
+    """Requests to the controller, or to the second controller while it runs."""
 
     controller: ControllerProcess
     rival: ControllerProcess
@@ -64,33 +117,48 @@ class ControllerApi:
     async def request(
         self, http: aiohttp.ClientSession, method: str, path: str, body: Any = None
     ) -> tuple[int, Any]:
-        """(status, JSON body); status 0 when the controller did not answer."""
         target = self.controller
         if self.rival.proc is not None and self.routing.random() < RIVAL_SHARE:
             target = self.rival
-        try:
-            async with http.request(
-                method,
-                target.url + path,
-                json=body,
-                headers={"Authorization": f"Bearer {TOKEN}"},
-                timeout=aiohttp.ClientTimeout(total=15),
-            ) as response:
-                text = await response.text()
-                status = response.status
-        except (aiohttp.ClientError, TimeoutError, ConnectionError):
+        status, text, _ = await _send(http, method, target.url + path, body)
+        if status == 0:
             return 0, None
-        try:
-            payload = json.loads(text) if text else None
-        except ValueError:
-            payload = text
-        if status >= 500 and status != 503:
-            self.violations.add_once(
-                f"5xx:{method}:{path}:{status}", f"{method} {path} answered {status}"
+        return status, _decoded(self.violations, method, path, status, text)
+
+
+@dataclass
+class BalancedApi:
+    """Requests through the load balancer, each written down in the ledger. An answer
+    HAProxy gave (no replica answered) reaches the client as no answer (status 0)."""
+
+    url: str
+    violations: Violations
+    ledger: Ledger
+
+    async def request(
+        self, http: aiohttp.ClientSession, method: str, path: str, body: Any = None
+    ) -> tuple[int, Any]:
+        kind, subject = describe(method, path, body)
+        started = time.monotonic()
+        status, text, headers = await _send(http, method, self.url + path, body)
+        from_replica = headers.get(ORIGIN_HEADER) == "replica"
+        payload = _decoded(self.violations, method, path, status, text) if from_replica else None
+        error = payload.get("error") if isinstance(payload, dict) else None
+        error = error if isinstance(error, dict) else {"message": text[:200]}
+        self.ledger.add(
+            Sent(
+                kind,
+                subject,
+                started,
+                time.monotonic(),
+                status,
+                headers.get(REPLICA_HEADER, ""),
+                from_replica,
+                error.get("code"),
+                str(error.get("message") or ""),
             )
-        if "Traceback" in text:
-            self.violations.add_once(f"traceback:{path}", f"{method} {path} answered a traceback")
-        return status, payload
+        )
+        return (status, payload) if from_replica else (0, None)
 
 
 class Clients:
@@ -100,13 +168,13 @@ class Clients:
     def __init__(
         self,
         seed: int,
-        profile: Profile,
-        api: ControllerApi,
+        habits: Habits,
+        api: Api,
         faulted: FaultedRunners,
         violations: Violations,
     ) -> None:
         self.seed = seed
-        self.inactivity = profile.inactivity
+        self.habits = habits
         self.api = api
         self.faulted = faulted
         self.violations = violations
@@ -149,11 +217,11 @@ class Clients:
     ) -> HeldClaim | None:
         body = {
             "requestId": request_id,
-            "inactivityTimeoutSeconds": rng.randint(*self.inactivity),
-            "waitSeconds": 1,
+            "inactivityTimeoutSeconds": rng.randint(*self.habits.inactivity),
+            "waitSeconds": self.habits.wait_seconds,
         }
         path = f"/v1/pools/{NAMESPACE}/{pool.name}/claims"
-        for _ in range(10):
+        for _ in range(self.habits.claim_attempts):
             if not self.claiming.is_set():
                 return None  # paused: a claim whose answer was lost expires by itself
             self.inflight_claims += 1
@@ -172,9 +240,11 @@ class Clients:
                 await asyncio.sleep(rng.uniform(0.2, 0.8))
                 continue  # the same requestId: a claim that was made is answered again
             if status == 410:
+                self.stats.claims_ended_unanswered += 1
                 return None  # the claim made by an unanswered attempt has ended already
             self.violations.add_once(f"claim:{status}:{code}", f"claim answered {status} {code}")
             return None
+        self.stats.claims_given_up += 1
         return None
 
     def register_claim(self, payload: Any, request_id: str) -> HeldClaim | None:
@@ -207,6 +277,11 @@ class Clients:
         try:
             while time.monotonic() < until and self.claiming.is_set():
                 await asyncio.sleep(rng.uniform(0.3, 1.2))
+                share = self.habits.execution_share
+                if share and rng.random() < share:
+                    if not await self.execute(http, held, rng):
+                        return
+                    continue
                 verb = rng.random()
                 if verb < 0.1:
                     # The same requestId again (a client retrying): the same claim or a 410.
@@ -243,6 +318,29 @@ class Clients:
             await self.release(http, held, rng)
         finally:
             held.done = True
+
+    async def execute(
+        self, http: aiohttp.ClientSession, held: HeldClaim, rng: random.Random
+    ) -> bool:
+        """A waited `echo` in the runner, tried again while unanswered (it may run twice);
+        False when the claim ended."""
+        text = f"{held.request_id}-{rng.randrange(10**6)}"
+        body = {"command": ["echo", text], "wait": True}
+        for _ in range(self.habits.claim_attempts):
+            status, payload = await self.api.request(
+                http, "POST", f"/v1/runners/{held.runner_id}/executions", body
+            )
+            if status == 200:
+                self.stats.executions += 1
+                if (payload.get("exitCode"), payload.get("stdout")) != (0, text + "\n"):
+                    self.violations.add(f"execution in {held.runner_id} answered {payload}")
+                return True
+            if self.ended(held, status, payload):
+                return False
+            if status not in (0, 503):
+                return True  # a violation already
+            await asyncio.sleep(rng.uniform(0.2, 0.8))
+        return True
 
     async def release(
         self, http: aiohttp.ClientSession, held: HeldClaim, rng: random.Random

@@ -1,5 +1,6 @@
-"""The soak's controllers: `python -m controller run` subprocesses against the simulator,
-each with its own pools file, port and logs."""
+"""The soak's processes against the simulator: controllers (`python -m controller run`),
+each with its own pools file, and API replicas (`python -m controller api`); each with its
+own port and logs."""
 
 from __future__ import annotations
 
@@ -53,7 +54,9 @@ def pools_file(folder: Path, extra_idle: int) -> Path:
 class ControllerProcess:
     """`python -m controller run` against the simulator; SIGKILLed, stopped, restarted."""
 
-    def __init__(self, workdir: Path, sim_url: str, port: int, pools_file: Path) -> None:
+    name = "controller"  # of its logs and its exits
+
+    def __init__(self, workdir: Path, sim_url: str, port: int, pools_file: Path | None) -> None:
         self.workdir = workdir
         self.sim_url = sim_url
         self.port = port
@@ -73,9 +76,23 @@ class ControllerProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def arguments(self) -> list[str]:
+        """The command after `python -m controller`."""
+        return [
+            "run",
+            "--pools",
+            str(self.pools_file),
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--resync-seconds",
+            str(RESYNC_SECONDS),
+            "--api-token-file",
+            str(self.token_file),
+        ]
+
     async def start(self) -> None:
         self.incarnation += 1
-        log_path = self.workdir / f"controller-{self.incarnation}.log"
+        log_path = self.workdir / f"{self.name}-{self.incarnation}.log"
         self.logs.append(log_path)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("NOMAD_", "POOLKEEPER_"))}
         env["NOMAD_ADDR"] = self.sim_url
@@ -85,15 +102,7 @@ class ControllerProcess:
                 sys.executable,
                 "-m",
                 "controller",
-                "run",
-                "--pools",
-                str(self.pools_file),
-                "--listen",
-                f"127.0.0.1:{self.port}",
-                "--resync-seconds",
-                str(RESYNC_SECONDS),
-                "--api-token-file",
-                str(self.token_file),
+                *self.arguments(),
                 stdout=log,
                 stderr=asyncio.subprocess.STDOUT,
                 env=env,
@@ -108,7 +117,7 @@ class ControllerProcess:
         if self.proc is not proc:
             return  # the driver killed or stopped it
         self.unexpected_exits.append(
-            f"controller incarnation {incarnation} exited by itself with code {code}"
+            f"{self.name} incarnation {incarnation} exited by itself with code {code}"
         )
         # As a supervisor (systemd, Kubernetes) would: start it again after a second.
         await asyncio.sleep(1.0)
@@ -131,7 +140,7 @@ class ControllerProcess:
             try:
                 await asyncio.wait_for(proc.wait(), 15)
             except TimeoutError:
-                self.unexpected_exits.append("controller did not exit within 15 s of SIGTERM")
+                self.unexpected_exits.append(f"{self.name} did not exit within 15 s of SIGTERM")
                 proc.send_signal(signal.SIGKILL)
                 await proc.wait()
         return time.monotonic() - started
@@ -167,3 +176,21 @@ class ControllerProcess:
                     if " ERROR " in line:
                         found.append(f"{path.name}: {line[:300]}")
         return found
+
+
+class ApiReplica(ControllerProcess):
+    """`python -m controller api`: an API replica, reading its pools from the catalog."""
+
+    name = "api"
+
+    def __init__(self, workdir: Path, sim_url: str, port: int) -> None:
+        super().__init__(workdir, sim_url, port, None)
+
+    def arguments(self) -> list[str]:
+        return [
+            "api",
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--api-token-file",
+            str(self.token_file),
+        ]

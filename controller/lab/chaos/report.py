@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from controller.lab.chaos.monitor import RESTART_GRACE_SECONDS
+from controller.lab.chaos.tier_soak import AVAILABILITY_GOAL
 
 
 def render_markdown(reports: Sequence[dict[str, Any]], command: str) -> str:
@@ -110,3 +111,170 @@ def render_markdown(reports: Sequence[dict[str, Any]], command: str) -> str:
             lines.append(f"- seed {report['seed']}: {violation}")
     lines.append("")
     return "\n".join(lines)
+
+
+TIER_BEGIN = "<!-- api-tier soak: begin -->"
+TIER_END = "<!-- api-tier soak: end -->"
+
+
+def tier_section(page: str) -> str:
+    """The API tier soak's section of a rendered page ("" when it has none)."""
+    begin, end = page.find(TIER_BEGIN), page.find(TIER_END)
+    if begin < 0 or end < begin:
+        return ""
+    return page[begin : end + len(TIER_END)] + "\n"
+
+
+def with_tier_section(page: str, section: str) -> str:
+    """`page` with its API tier section replaced by `section` (appended if it had none)."""
+    old = tier_section(page)
+    if not section:
+        return page.replace(old, "") if old else page
+    if old:
+        return page.replace(old, section)
+    page = page or "# Reliability\n"
+    return page.rstrip("\n") + "\n\n" + section
+
+
+def render_tier_section(report: dict[str, Any], command: str) -> str:
+    """The section of docs/reliability.md that one API tier soak's report renders."""
+    causes = report["failed_by_cause"]
+    availability = report["claim_availability"]
+    left = report["records_left"]
+    rows: list[tuple[str, Any]] = [
+        ("seed", report["seed"]),
+        ("minutes", report["minutes"]),
+        ("duration (s)", report["duration_seconds"]),
+        (
+            "load average at the start, at the end (1, 5, 15 min)",
+            f"{report['load_average_at_start']}, {report['load_average_at_end']}",
+        ),
+        ("API replicas behind HAProxy; clients", f"{report['replicas']}; {report['clients']}"),
+        ("API replicas SIGKILLed (each restarted)", report["replica_kills"]),
+        ("... kills that hit requests in flight", report["replica_kills_hitting_requests"]),
+        (
+            "seconds until the balancer took a killed replica out, max",
+            report["out_of_rotation_seconds_max"],
+        ),
+        (
+            "seconds until a restarted replica was back in rotation, max",
+            report["back_in_rotation_seconds_max"],
+        ),
+        ("requests through the balancer", report["requests"]),
+        ("... by kind", ", ".join(f"{k} {v}" for k, v in report["requests_by_kind"].items())),
+        (
+            "claims served (answered again to a retry or a repeat)",
+            f"{report['claims_served']} ({report['claims_answered_again']})",
+        ),
+        ("waited executions (`echo`) with their output", report["executions"]),
+        ("`PoolEmpty` answers", report["pool_empty_answers"]),
+        ("failed requests in flight on a killed replica", causes["in_flight"]),
+        (
+            "failed requests sent to a killed replica before the balancer took it out",
+            causes["sent_to_dead"],
+        ),
+        (
+            "failed requests from kills, by kind",
+            ", ".join(f"{k} {v}" for k, v in report["failed_by_kind_from_kills"].items()) or "none",
+        ),
+        ("repeats answered 503 while waiting for a dead claimer", causes["waiting_for_claimer"]),
+        ("failed requests no kill explains (goal 0)", causes["unexplained"]),
+        (
+            "failed requests whose retry did not succeed (goal 0)",
+            len(report["failed_not_recovered"]),
+        ),
+        (
+            "claims (requestIds) that failed by a kill, all retried with success",
+            report["claims_failed_by_kills"],
+        ),
+        (
+            "... retries that took the dead claimer's request over (in the replicas' logs)",
+            f"{report['claim_retries_taking_over']} ({report['claim_retries_taking_over_logged']})",
+        ),
+        (
+            "claim attempts, all; counted for availability",
+            f"{report['claim_attempts']}; {report['claim_attempts_counted']}",
+        ),
+        (
+            f"claim availability (goal ≥ {AVAILABILITY_GOAL:.1%})",
+            "n/a" if availability is None else f"{availability:.3%}",
+        ),
+        ("double claims (goal 0)", report["double_claims"]),
+        ("claims lost: 404 or 410 without a reason while held (goal 0)", report["claims_lost"]),
+        (
+            "claims in Nomad never answered to their client (goal 0)",
+            report["claims_never_answered"],
+        ),
+        ("runners leaked (goal 0)", report["runners_leaked"]),
+        ("records leaked (goal 0)", report["records_leaked"]),
+        ("records left at the end, not leaks", ", ".join(f"{k} {v}" for k, v in left.items())),
+        ("runner job writes", report["runner_writes"]),
+        ("... by the API tier (goal 0)", report["runner_writes_by_api_tier"]),
+        ("... by a non-holder (goal 0)", report["runner_writes_by_non_holders"]),
+        ("max runners above maxRunners", max(report["max_runners_excess"].values(), default=0)),
+        ("invariant violations (goal 0)", len(report["invariant_violations"])),
+    ]
+    lines = [
+        TIER_BEGIN,
+        "",
+        "## The API tier under replica kills",
+        "",
+        f"<!-- generated by `{command}`; do not edit by hand -->",
+        "",
+        "`poolkeeper chaos --api-tier` (`controller/lab/chaos/tier_soak.py`) runs two API",
+        "replicas (`poolkeeper api`) behind HAProxy on loopback (round robin, a health",
+        "check on `/readyz`, no sticky sessions, no retries: a replica is taken out at its",
+        "first refused connection), one reconciler (`poolkeeper run`) and the simulator,",
+        "which runs executions as local processes. Clients claim with a `requestId`, run a",
+        "waited `echo`, keep alive, read and release through the balancer, and retry what",
+        "failed: a claim with the same `requestId` for up to about 30 s, since a repeat",
+        "takes the request of a claimer that died before claiming over only after its",
+        "`servedUntil` (its wait plus 10 s). An API replica is SIGKILLed at a random moment",
+        "every 20-60 s (10-20 s in a run under 3 minutes), when a request is on it if one",
+        "comes within 2 s, and restarted 0.5-3 s later. Nothing else is done to the system.",
+        "",
+        "A request *failed* when no replica answered it (HAProxy's own 502 or 503) or a",
+        "replica answered 503 with another code than `PoolEmpty`. The soak knows when it",
+        "killed which replica and every answer names the replica it went to, so each",
+        "failure is put down to a kill: *in flight* (sent before the kill, ended after it)",
+        "or *sent to a killed replica before the balancer took it out* (a refused",
+        "connection); or it is a repeat waiting for a dead claimer; or it is unexplained, a",
+        "violation. Claim availability counts every claim attempt that no kill failed",
+        "(those in flight on a killed replica, refused by it, or waiting for its dead",
+        "claimer are left out); a `PoolEmpty` answer counts as a failed attempt. A claim",
+        "in Nomad whose `requestId` no client was ever answered is a claim lost. At the",
+        "end every claim is released and nothing may be left but the idle runners and",
+        "poolkeeper's own records: claim tombstones and their request records, the",
+        "replicas' waiting records until a reconciler deletes them (a minute after they",
+        "expire: one still there later is a leak, checked throughout), the catalog (a",
+        "record per pool) and the doorbell. The chaos soak's checks run too: no 5xx but",
+        "503 from a replica, no traceback in any log, no unexpected exit, `maxRunners`, no",
+        "runner purged under a live claim, and, from the simulator's write audit, no",
+        "runner job written by an API replica or a non-holder. The docstring of",
+        "`controller/lab/chaos/tier_soak.py` states exactly what is checked.",
+        "",
+        f"Regenerate this section with `{command}`.",
+        "",
+        "| figure | value |",
+        "|---|---|",
+    ]
+    lines += [f"| {label} | {value} |" for label, value in rows]
+    lines += [
+        "",
+        "### The kills",
+        "",
+        "| replica | at (s) | out of rotation after (s) | restarted after (s) | "
+        "back in rotation after (s) |",
+        "|---|---|---|---|---|",
+    ]
+    for kill in report["kills"]:
+        lines.append(
+            f"| {kill['replica']} | {kill['at']} | {kill['out_of_rotation_after']} | "
+            f"{kill['restarted_after']} | {kill['back_in_rotation_after']} |"
+        )
+    ended = ", ".join(f"{k}: {v}" for k, v in report["claims_ended"].items())
+    lines += ["", "### How claims ended", "", f"- {ended or 'none'}", ""]
+    lines += ["### Invariant violations", ""]
+    lines += [f"- {v}" for v in report["invariant_violations"]] or ["- none"]
+    lines += ["", TIER_END]
+    return "\n".join(lines) + "\n"

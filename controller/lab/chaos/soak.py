@@ -8,12 +8,14 @@ import math
 import random
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from controller.lab.chaos.clients import Clients, ControllerApi
+from controller.directory.waiting import FORGET_AFTER
+from controller.lab.chaos.clients import Api, Clients, ControllerApi, Habits
 from controller.lab.chaos.faults import Faults
 from controller.lab.chaos.monitor import Monitor
 from controller.lab.chaos.processes import (
@@ -35,6 +37,10 @@ from controller.lab.chaos.world import (
 )
 from controller.lab.simulator import SimServer, Simulator, start_sim
 
+# A reconciler deletes a waiting record FORGET_AFTER after it expired, on its next read of
+# the records (a resync or the doorbell): one still there after this is a leak.
+WAITING_RECORD_LIFE = FORGET_AFTER + timedelta(seconds=3 * RESYNC_SECONDS + 5)
+
 
 def _percentile(values: Sequence[float], share: float) -> float | None:
     if not values:
@@ -51,20 +57,130 @@ async def soak(seed: int, minutes: float, workdir: Path) -> dict[str, Any]:
     return await Soak(seed, minutes, workdir, server).run()
 
 
-class Soak:
-    """Plays the schedule's rounds until the time is up, then checks that nothing leaked;
-    stops the controllers and the simulator (`server`) when done."""
+class SoakRun:
+    """What every soak shares: the simulator (`server`, stopped by the soak), what Nomad
+    holds (the world), the violations, the wait for convergence, the final leak check and
+    the checks of the processes' exits, logs and writes. A soak sets `habits`, `api` and
+    `processes` before it runs."""
 
-    def __init__(self, seed: int, minutes: float, workdir: Path, server: SimServer) -> None:
+    habits: Habits
+    api: Api
+    processes: tuple[ControllerProcess, ...]
+
+    def __init__(self, seed: int, minutes: float, server: SimServer) -> None:
         self.seed = seed
         self.minutes = minutes
-        self.profile = Profile.for_minutes(minutes)
-        self.schedule = make_schedule(seed, minutes, self.profile)
         self.server = server
         self.sim = server.sim
         self.world = World(self.sim)
         self.started = time.monotonic()
         self.violations = Violations(self.started)
+        self.leaked_runners = 0
+        self.leaked_records = 0
+        self.records_left: dict[str, int] = {}
+
+    async def wait_converged(self, what: str, bound: float) -> dict[str, float] | None:
+        """Seconds until each pool converged, or None (a violation) after `bound`."""
+        started = time.monotonic()
+        times: dict[str, float] = {}
+        while True:
+            claims = self.world.claims()
+            for pool in POOLS:
+                if pool.key not in times and converged(pool, self.world.pool_state(pool, claims)):
+                    times[pool.key] = round(time.monotonic() - started, 2)
+            if len(times) == len(POOLS):
+                return times
+            if time.monotonic() - started > bound:
+                states = {
+                    p.key: self.world.pool_state(p, claims) for p in POOLS if p.key not in times
+                }
+                self.violations.add(
+                    f"{what}: pools did not converge within {bound:.0f} s: {states}"
+                )
+                return None
+            await asyncio.sleep(0.1)
+
+    async def finish(self, http: aiohttp.ClientSession) -> None:
+        """Everything released, unanswered claims expired: nothing may be left."""
+        # Unanswered claims expire (inactivity), abandoned request records are collected
+        # once a minute old, on a pass every 30 s (engine/requests_gc.py).
+        bound = self.habits.inactivity[1] + 6 * RESYNC_SECONDS + 120
+        started = time.monotonic()
+        while True:
+            claims = self.world.claims()
+            live = [r for r, items in claims.items() if items.get("state", "claimed") == "claimed"]
+            leaks: list[str] = [f"live claim variable of runner {r}" for r in sorted(live)]
+            leaked_runners = len(live)
+            for pool in POOLS:
+                state = self.world.pool_state(pool, claims)
+                extra = state["total"] - state["idle"] + max(0, state["idle"] - pool.idle)
+                leaked_runners += max(0, extra)
+                if extra > 0 or state["idle"] != pool.idle:
+                    leaks.append(f"pool {pool.key}: {state}")
+            # A request record lives as long as its claim or its tombstone.
+            carried = {items.get("requestId") for items in claims.values()}
+            records = [
+                f"request record {REQUESTS_PREFIX}{request_id} without a claim: {items}"
+                for request_id, items in self.world.request_records().items()
+                if request_id not in carried
+            ] + self.overdue_waiting_records()
+            if not leaks and not records:
+                break
+            if time.monotonic() - started > bound:
+                self.leaked_runners, self.leaked_records = leaked_runners, len(records)
+                for leak in leaks + records:
+                    self.violations.add(f"final state, {bound:.0f} s after the last fault: {leak}")
+                break
+            await asyncio.sleep(0.25)
+        self.records_left = self.world.records_left()
+        # The controller must agree with Nomad.
+        status, payload = await self.api.request(http, "GET", "/v1/pools")
+        if status != 200:
+            self.violations.add(f"GET /v1/pools answered {status} at the end")
+            return
+        for entry in payload["pools"]:
+            known = next((p for p in POOLS if p.name == entry["name"]), None)
+            if known is not None and entry["status"].get("idleRunners") != known.idle:
+                self.violations.add(
+                    f"controller reports {entry['status'].get('idleRunners')} idle runners "
+                    f"for {known.key}, Nomad holds {known.idle}"
+                )
+
+    def overdue_waiting_records(self) -> list[str]:
+        """Waiting records a reconciler should have deleted by now (a dead replica's)."""
+        now = datetime.now(UTC)
+        overdue = []
+        for path, record in self.world.waiting_records().items():
+            if record is None:
+                overdue.append(f"waiting record {path} does not decode")
+            elif now - record.expires_at > WAITING_RECORD_LIFE:
+                overdue.append(f"waiting record {path} expired at {record.expires_at}")
+        return overdue
+
+    def check_controllers(self) -> None:
+        """After the run: no exit the driver did not cause, no traceback in a log, and no
+        runner written by a process that did not hold the pool's lease."""
+        for process in self.processes:
+            for exit_ in process.unexpected_exits:
+                self.violations.add(exit_)
+            for traceback in process.tracebacks():
+                self.violations.add(f"{process.name} log: {traceback}")
+        for write in self.sim.audit.by_non_holders():
+            self.violations.add(
+                f"{write.kind} of runner {write.job_id} by {write.writer} while "
+                f"{write.holder or 'nobody'} held the lease of {write.pool}"
+            )
+
+
+class Soak(SoakRun):
+    """Plays the schedule's rounds until the time is up, then checks that nothing leaked;
+    stops the controllers and the simulator (`server`) when done."""
+
+    def __init__(self, seed: int, minutes: float, workdir: Path, server: SimServer) -> None:
+        super().__init__(seed, minutes, server)
+        self.profile = Profile.for_minutes(minutes)
+        self.habits = Habits(self.profile.inactivity)
+        self.schedule = make_schedule(seed, minutes, self.profile)
         self.controller = ControllerProcess(
             workdir, server.url, free_port(), pools_file(workdir, 0)
         )
@@ -76,11 +192,12 @@ class Soak:
         self.rival = ControllerProcess(
             rival_dir, server.url, free_port(), pools_file(rival_dir, RIVAL_EXTRA_IDLE)
         )
+        self.processes = (self.controller, self.rival)
         self.api = ControllerApi(
             self.controller, self.rival, self.violations, random.Random(seed ^ 0xB1A5)
         )
         self.faults = Faults(self.sim, self.world, self.controller, self.rival)
-        self.clients = Clients(seed, self.profile, self.api, self.faults.hit, self.violations)
+        self.clients = Clients(seed, self.habits, self.api, self.faults.hit, self.violations)
         self.monitor = Monitor(
             self.world, self.controller, self.clients, self.faults.hit, self.violations
         )
@@ -88,8 +205,6 @@ class Soak:
         self.convergence_rounds: list[dict[str, Any]] = []
         self.rounds_played = 0
         self.initial_fill_seconds = 0.0
-        self.leaked_runners = 0
-        self.leaked_records = 0
 
     async def run(self) -> dict[str, Any]:
         monitor = asyncio.create_task(self.monitor.run())
@@ -123,27 +238,6 @@ class Soak:
             await self.server.stop()
         self.check_controllers()
         return self.report()
-
-    async def wait_converged(self, what: str, bound: float) -> dict[str, float] | None:
-        """Seconds until each pool converged, or None (a violation) after `bound`."""
-        started = time.monotonic()
-        times: dict[str, float] = {}
-        while True:
-            claims = self.world.claims()
-            for pool in POOLS:
-                if pool.key not in times and converged(pool, self.world.pool_state(pool, claims)):
-                    times[pool.key] = round(time.monotonic() - started, 2)
-            if len(times) == len(POOLS):
-                return times
-            if time.monotonic() - started > bound:
-                states = {
-                    p.key: self.world.pool_state(p, claims) for p in POOLS if p.key not in times
-                }
-                self.violations.add(
-                    f"{what}: pools did not converge within {bound:.0f} s: {states}"
-                )
-                return None
-            await asyncio.sleep(0.1)
 
     async def hold_converged(self, seconds: float, what: str) -> None:
         """Without faults and claims a converged pool stays converged."""
@@ -183,65 +277,6 @@ class Soak:
             self.convergence.extend(times.values())
             await self.hold_converged(self.profile.quiet_seconds, f"round {round_.index}")
         self.convergence_rounds.append({"round": round_.index, "seconds": times})
-
-    async def finish(self, http: aiohttp.ClientSession) -> None:
-        """Everything released, unanswered claims expired: nothing may be left."""
-        # Unanswered claims expire (inactivity), abandoned request records are collected
-        # once a minute old, on a pass every 30 s (engine/requests_gc.py).
-        bound = self.profile.inactivity[1] + 6 * RESYNC_SECONDS + 120
-        started = time.monotonic()
-        while True:
-            claims = self.world.claims()
-            live = [r for r, items in claims.items() if items.get("state", "claimed") == "claimed"]
-            leaks: list[str] = [f"live claim variable of runner {r}" for r in sorted(live)]
-            leaked_runners = len(live)
-            for pool in POOLS:
-                state = self.world.pool_state(pool, claims)
-                extra = state["total"] - state["idle"] + max(0, state["idle"] - pool.idle)
-                leaked_runners += max(0, extra)
-                if extra > 0 or state["idle"] != pool.idle:
-                    leaks.append(f"pool {pool.key}: {state}")
-            # A request record lives as long as its claim or its tombstone.
-            carried = {items.get("requestId") for items in claims.values()}
-            records = [
-                f"request record {REQUESTS_PREFIX}{request_id} without a claim: {items}"
-                for request_id, items in self.world.request_records().items()
-                if request_id not in carried
-            ]
-            if not leaks and not records:
-                break
-            if time.monotonic() - started > bound:
-                self.leaked_runners, self.leaked_records = leaked_runners, len(records)
-                for leak in leaks + records:
-                    self.violations.add(f"final state, {bound:.0f} s after the last fault: {leak}")
-                break
-            await asyncio.sleep(0.25)
-        # The controller must agree with Nomad.
-        status, payload = await self.api.request(http, "GET", "/v1/pools")
-        if status != 200:
-            self.violations.add(f"GET /v1/pools answered {status} at the end")
-            return
-        for entry in payload["pools"]:
-            known = next((p for p in POOLS if p.name == entry["name"]), None)
-            if known is not None and entry["status"].get("idleRunners") != known.idle:
-                self.violations.add(
-                    f"controller reports {entry['status'].get('idleRunners')} idle runners "
-                    f"for {known.key}, Nomad holds {known.idle}"
-                )
-
-    def check_controllers(self) -> None:
-        """After the run: no exit the driver did not cause, no traceback in a log, and no
-        runner written by a controller that did not hold the pool's lease."""
-        for process in (self.controller, self.rival):
-            for exit_ in process.unexpected_exits:
-                self.violations.add(exit_)
-            for traceback in process.tracebacks():
-                self.violations.add(f"controller log: {traceback}")
-        for write in self.sim.audit.by_non_holders():
-            self.violations.add(
-                f"{write.kind} of runner {write.job_id} by {write.writer} while "
-                f"{write.holder or 'nobody'} held the lease of {write.pool}"
-            )
 
     def writes_as_holder(self, process: ControllerProcess) -> int:
         """Runner jobs written by any incarnation of `process` (its identity ends in its pid)

@@ -7,6 +7,13 @@ import re
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
+from controller.core.catalog import (
+    CATALOG_PREFIX,
+    DOORBELL_PATH,
+    WAITING_PREFIX,
+    CatalogError,
+    WaitingRecord,
+)
 from controller.lab.simulator import Simulator
 
 NAMESPACE = "default"
@@ -99,6 +106,31 @@ class World:
             path.removeprefix(REQUESTS_PREFIX): dict(var.get("Items") or {})
             for path, var in sorted(self.sim.variables(NAMESPACE).items())
             if path.startswith(REQUESTS_PREFIX)
+        }
+
+    def waiting_records(self) -> dict[str, WaitingRecord | None]:
+        """The API replicas' waiting records by path (None: one that does not decode)."""
+        found: dict[str, WaitingRecord | None] = {}
+        for path, var in self.sim.variables(NAMESPACE).items():
+            if path.startswith(WAITING_PREFIX):
+                try:
+                    found[path] = WaitingRecord.from_items(var.get("Items") or {})
+                except CatalogError:
+                    found[path] = None
+        return found
+
+    def records_left(self) -> dict[str, int]:
+        """How many of each kind of poolkeeper's own variables Nomad holds."""
+        claims = self.claims()
+        paths = self.sim.variables(NAMESPACE)
+        return {
+            "claim tombstones": sum(
+                1 for c in claims.values() if c.get("state", "claimed") != "claimed"
+            ),
+            "request records": len(self.request_records()),
+            "waiting records": sum(1 for p in paths if p.startswith(WAITING_PREFIX)),
+            "catalog records": sum(1 for p in paths if p.startswith(CATALOG_PREFIX)),
+            "doorbell": sum(1 for p in paths if p == DOORBELL_PATH),
         }
 
     def lease_holders(self) -> list[str]:
