@@ -121,8 +121,9 @@ async def probe_runs(
     request_ids: bool,
 ) -> list[Percentiles]:
     """`repetitions` runs of `rounds` prober rounds (claims rotating over `urls`), in
-    blocks of `block` with `target.settle()` after each, so that claims keep coming from
-    the declared pools."""
+    blocks of `block` with `target.settle()` before the first and after each, so that
+    claims keep coming from the declared pools."""
+    await target.settle()  # what a measurement before took is given back
     runs = []
     for _ in range(run.sizes.repetitions):
         samples = Samples()
