@@ -274,6 +274,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="the benchmarks (docs/performance.md)")
     bench.add_argument("--quick", action="store_true", help="small sizes, under a minute")
     bench.add_argument("--json", dest="json_file", metavar="FILE", help="write the results here")
+    bench.add_argument(
+        "--section",
+        dest="sections",
+        action="append",
+        metavar="NAME",
+        help="run only this section (repeatable): scale, claims, refill, churn, node-loss, "
+        "demand, exec",
+    )
     bench.set_defaults(handler=_command("controller.lab.bench"))
 
     chaos = commands.add_parser("chaos", help="the chaos soak (docs/reliability.md)")

@@ -43,20 +43,23 @@ def main(source: str, target: str) -> None:
     dress(left, "runners (pools x runners per pool)", "steady-state reconcile pass")
 
     # Claims were measured while passes over all the runners ran back to back, from the
-    # sizes that have enough runners to claim from (bench_scale.py).
+    # sizes that have enough runners to claim from (bench_scale.py): through the API tier
+    # (the passes in a reconciler apart) and in the process whose passes run (embedded).
     claimed = [n for n in sizes if f"reconcile.pools_{n}.claim.p50_ms" in data]
     at = [data[f"reconcile.pools_{n}.runners"] for n in claimed]
 
     def claims(name: str) -> list[float]:
-        return [data[f"reconcile.pools_{n}.claim.{name}"] for n in claimed]
+        return [data[f"reconcile.pools_{n}.{name}"] for n in claimed]
 
-    right.plot(at, claims("p50_ms"), "o-", label="claim p50 (HTTP, sequential)")
-    right.plot(at, claims("p99_ms"), "s-", label="claim p99 (HTTP, sequential)")
-    right.plot(at, claims("floor.p50_ms"), "^:", color="grey",
+    right.plot(at, claims("claim.p50_ms"), "o-", label="API tier: claim p50")
+    right.plot(at, claims("claim.p99_ms"), "s-", label="API tier: claim p99")
+    right.plot(at, claims("embedded.claim.p50_ms"), "o--", label="one process: claim p50")
+    right.plot(at, claims("embedded.claim.p99_ms"), "s--", label="one process: claim p99")
+    right.plot(at, claims("claim.floor.p50_ms"), "^:", color="grey",
                label="floor p50 (idle round trip + bare create)")  # fmt: skip
-    right.plot(at, claims("floor.p99_ms"), "v:", color="black",
+    right.plot(at, claims("claim.floor.p99_ms"), "v:", color="black",
                label="floor p99")  # fmt: skip
-    dress(right, "runners in the controller", "claims while passes run back to back")
+    dress(right, "runners reconciled", "claims while passes run back to back")
     figure.suptitle("poolkeeper bench (simulator on loopback, 2 cores)", fontsize=10)
     figure.tight_layout()
     figure.savefig(target)

@@ -4,7 +4,9 @@ of a list that has them, waiting for runners when the request allows it.
 Runners are tried in the pool's offer order (current template first), at random within
 each group, so concurrent claimers (and replicas) spread over different runners. A runner
 this process claimed is not tried again while the pool's offer still lists it (the offer
-was made before the claim).
+was made before the claim). An offer may list only some of a pool's idle runners (the
+API tier's catalog caps it); a claim that finds all of those taken waits for the next
+offer rather than answer PoolEmpty while the pool has idle runners.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ from controller.errors import ErrorCode, ServiceError
 from controller.nomad.errors import NomadError
 
 log = logging.getLogger(__name__)
+
+# The longest a claim waits for a pool's next offer when this process took every runner
+# of a capped one (the pool has others): about a pass over 50,000 runners and its record.
+NEXT_OFFER_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,8 @@ class Taker:
         entries, count, inactivity = ask.entries, ask.runners, ask.inactivity
         deadline = time.monotonic() + ask.wait_seconds
         records = await self._take_first(entries, count, inactivity, request_id)
+        if records is None:
+            records = await self._take_beyond_offers(ask, request_id)
         if records is None and ask.wait_seconds > 0:
             preferred = entries[0]
             with preferred.waiting.counted(self.directory.clock(), count) as waiting:
@@ -93,6 +101,30 @@ class Taker:
             records = await self._take_from(entry, count, inactivity[key], request_id)
             if records:
                 self.directory.runners_taken(entry)
+                return records
+        return None
+
+    async def _take_beyond_offers(
+        self, ask: Ask, request_id: str | None
+    ) -> list[ClaimRecord] | None:
+        """Where a pool's offer lists only some of its idle runners (the API tier's catalog
+        caps it) and none of those is free, its holder offers others after its next pass:
+        wait for that (at most NEXT_OFFER_SECONDS) rather than answer that the pool is
+        empty while it has idle runners."""
+        deadline = time.monotonic() + NEXT_OFFER_SECONDS
+        while (remaining := deadline - time.monotonic()) > 0:
+            capped = [
+                entry
+                for entry in (self.directory.pools.get(e.key) for e in ask.entries)
+                if entry is not None and entry.more_than_offered
+            ]
+            if not capped:
+                return None
+            for entry in capped:
+                self.directory.runners_taken(entry)  # its holder looks now
+            await self._wait_for_any(capped, remaining)
+            records = await self._take_first(ask.entries, ask.runners, ask.inactivity, request_id)
+            if records is not None:
                 return records
         return None
 

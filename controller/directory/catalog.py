@@ -89,6 +89,12 @@ class CatalogPool:
         return self.record.offer
 
     @property
+    def more_than_offered(self) -> bool:
+        status = self.record.status
+        claimable = int(status.get("idleRunners", 0)) + int(status.get("outdatedRunners", 0))
+        return claimable > len(self.record.offer)
+
+    @property
     def waiting(self) -> WaitingClaims:
         return self._waiting
 

@@ -54,6 +54,11 @@ class PoolEntry(Protocol):
         """Its claimable runners as last seen, in the order claims try them."""
 
     @property
+    def more_than_offered(self) -> bool:
+        """It had more claimable runners than its offer lists (the catalog caps an offer):
+        once those are taken, the next offer lists others."""
+
+    @property
     def waiting(self) -> WaitingClaims:
         """Where a claim request that waits for its runners says so."""
 

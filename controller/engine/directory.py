@@ -70,6 +70,10 @@ class EnginePool:
         return self._view.offer
 
     @property
+    def more_than_offered(self) -> bool:
+        return False  # the engine offers every claimable runner it saw
+
+    @property
     def waiting(self) -> WaitingClaims:
         return self._view.waiting
 

@@ -32,7 +32,7 @@ import math
 import random
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -71,7 +71,7 @@ class ClassDay:
 
 
 FULL_DAY = ClassDay(200, 60.0, (60, 30, 60), speed=1.0)
-QUICK_DAY = ClassDay(30, 9.0, (5, 5, 5), speed=4.0)
+QUICK_DAY = ClassDay(20, 6.0, (3, 3, 3), speed=4.0)
 
 
 class DayClock:
@@ -263,8 +263,9 @@ async def day_controller(sim_url: str, clock: DayClock) -> AsyncIterator[tuple[C
             await controller.stop()
 
 
-async def bench_demand(sizes: bench.Sizes, out: bench.Result, say: Callable[[str], None]) -> None:
-    day = QUICK_DAY if sizes is bench.QUICK else FULL_DAY
+async def bench_demand(run: bench.Run) -> None:
+    out, say = run.out, run.say
+    day = QUICK_DAY if run.sizes is bench.QUICK else FULL_DAY
     say(
         f"demand: a class day ({day.burst_claims} claims in {day.burst_seconds:g} s, twice), "
         f"{day.speed:g}x"

@@ -26,7 +26,6 @@ import os
 import statistics
 import tarfile
 import time
-from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -47,8 +46,9 @@ FULL = (200, 200, 3, 16 * MIB)
 QUICK = (30, 30, 1, 2 * MIB)
 
 
-async def bench_exec(sizes: bench.Sizes, out: bench.Result, say: Callable[[str], None]) -> None:
-    first_bytes, waited, uploads, size = QUICK if sizes is bench.QUICK else FULL
+async def bench_exec(run: bench.Run) -> None:
+    out, say = run.out, run.say
+    first_bytes, waited, uploads, size = QUICK if run.sizes is bench.QUICK else FULL
     say(
         f"executions: {first_bytes} streamed and {waited} waited echos, "
         f"{uploads} uploads of {size // MIB} MiB"

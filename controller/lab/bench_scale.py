@@ -4,57 +4,71 @@ For each size (pools of `runners_per_pool` runners in one namespace), against a 
 simulator: the wall and CPU time of a steady-state pass against the I/O floor (the list
 calls a pass makes, with the same client), Nomad requests per pass, the memory the
 controller holds per runner, and from 1,000 runners on, sequential claims (with their
-floor samples, bench_claims.py) while passes over all the runners run back to back.
+floor samples, bench_claims.py) while passes over all the runners run back to back:
+
+- `reconcile.pools_N.embedded.claim.*`: claims answered by the process whose passes run
+  (the bench's passive controller, as `poolkeeper run` answers them alone);
+- `reconcile.pools_N.claim.*`: claims answered by an API-tier replica while a reconciler
+  in a process of its own runs the passes and publishes the catalog (bench_tier.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator
 
 from controller.core.claims import CLAIMS_PREFIX
 from controller.lab import bench
-from controller.lab.bench import NAMESPACE, PassiveController, Result, Sizes, ms, ratio, repeated
-from controller.lab.bench_claims import (
-    ProbeTarget,
-    floor_server,
-    percentiles,
-    probe_claims,
-    prober,
-    record_claims,
+from controller.lab.bench import (
+    NAMESPACE,
+    PassiveController,
+    Result,
+    Run,
+    Sizes,
+    ms,
+    ratio,
+    repeated,
 )
+from controller.lab.bench_claims import Embedded, Target, probe_runs, record_claims
+from controller.lab.bench_tier import ReconcilerOptions, claim_urls, tiers
 
 # Sizes below this many runners take no claims (a pool of 100 would run dry).
 CLAIMS_FROM_RUNNERS = 1_000
-# The size whose claims while a pass runs are `claim.tail_ratio_10k_runners`.
+# The size whose claims while passes run are the `claim.*_10k_runners` keys.
 TAIL_RUNNERS = 10_000
 
 
-async def bench_scale(sizes: Sizes, out: Result, say: Callable[[str], None]) -> None:
+async def bench_scale(run: Run) -> None:
+    sizes, out, say = run.sizes, run.out, run.say
     per_pool = sizes.runners_per_pool
     for pools in sizes.reconcile_pools:
         runners = pools * per_pool
         say(f"reconcile: {pools} pools x {per_pool} runners")
         row: Result = {"runners": float(runners)}
-        async with (
-            bench.simulator(bench.SimOptions(start_delay=0.01)) as sim,
-            floor_server() as floor_url,
-        ):
+        docs = [bench.pool_doc(f"p{i:03d}", per_pool, per_pool * 3) for i in range(pools)]
+        async with bench.simulator(bench.SimOptions(start_delay=0.01)) as sim:
             passive = PassiveController(sim.url, surge=per_pool)
             try:
-                docs = [bench.pool_doc(f"p{i:03d}", per_pool, per_pool * 3) for i in range(pools)]
                 await passive.start(docs)
                 row["rss_mb_baseline"] = passive.rss_mb()
-                await fill(passive, within=120 + runners / 50)
+                await bench.fill(passive, within=120 + runners / 50)
                 row.update(await time_passes(passive, sizes))
                 row["rss_mb"] = passive.rss_mb()
                 if runners >= CLAIMS_FROM_RUNNERS:
-                    say(f"reconcile: claims while passes over {runners} runners run")
-                    await claims_during_passes(passive, sim.url, floor_url, pools, sizes, row)
+                    say(f"reconcile: claims while passes over {runners} runners run (embedded)")
+                    async with back_to_back(passive):
+                        embedded = Embedded(passive, sim.url)
+                        await claims_during_passes(run, embedded, passive.url, row, "embedded.")
             finally:
                 await passive.stop()
+            if runners >= CLAIMS_FROM_RUNNERS:
+                say("reconcile: the same through the API tier, the passes in a process apart")
+                options = ReconcilerOptions(tuple(docs), passive=True, surge=per_pool)
+                async with tiers(sim.url, options) as tier, tier.back_to_back():
+                    await claims_during_passes(run, tier, tier.url, row, "")
         row["kb_per_runner"] = round((row["rss_mb"] - row["rss_mb_baseline"]) * 1024 / runners, 2)
         for name, value in row.items():
             out[f"reconcile.pools_{pools}.{name}"] = value
@@ -82,22 +96,13 @@ def summarize(sizes: Sizes, out: Result) -> None:
     out["memory.kb_per_runner"] = out[f"{largest}.kb_per_runner"]
     with_claims = [k for k in keys if out[f"{k}.runners"] >= CLAIMS_FROM_RUNNERS]
     tail = min(with_claims, key=lambda k: abs(out[f"{k}.runners"] - TAIL_RUNNERS))
-    for suffix in ("", ".min", ".max", ".spread"):
-        out[f"claim.tail_ratio_10k_runners{suffix}"] = out[f"{tail}.claim.tail_ratio{suffix}"]
-    out["claim.tail_ratio_10k_runners.runners"] = out[f"{tail}.runners"]
-
-
-async def fill(passive: PassiveController, within: float) -> None:
-    engine = passive.engine
-    deadline = time.monotonic() + within
-    while True:
-        await engine.reconcile_namespace(NAMESPACE)
-        if bench.all_full(engine):
-            return
-        if time.monotonic() > deadline:
-            counts = bench.idle_counts(engine)
-            raise RuntimeError(f"pools not filled after {within:g} s: {counts}")
-        await asyncio.sleep(0.02)
+    for shape in ("", "embedded."):
+        for name in ("p50_ratio", "p99_ratio", "tail_ratio"):
+            for suffix in ("", ".min", ".max", ".spread"):
+                out[f"claim.{shape}{name}_10k_runners{suffix}"] = out[
+                    f"{tail}.{shape}claim.{name}{suffix}"
+                ]
+    out["claim.runners_10k_runners"] = out[f"{tail}.runners"]
 
 
 async def time_passes(passive: PassiveController, sizes: Sizes) -> Result:
@@ -158,18 +163,9 @@ async def time_passes(passive: PassiveController, sizes: Sizes) -> Result:
     return row
 
 
-async def claims_during_passes(
-    passive: PassiveController,
-    sim_url: str,
-    floor_url: str,
-    pools: int,
-    sizes: Sizes,
-    row: Result,
-) -> None:
-    """Sequential claims (rotating over the pools) with their floor samples while passes
-    over every runner run back to back; what they claimed is released after each block of
-    a quarter of the runners, so the size stays what it says."""
-    urls = tuple(f"{passive.url}/v1/pools/{NAMESPACE}/p{i:03d}/claims" for i in range(pools))
+@contextlib.asynccontextmanager
+async def back_to_back(passive: PassiveController) -> AsyncIterator[None]:
+    """Passes of the passive controller back to back while the block runs."""
     running = True
 
     async def passes() -> None:
@@ -177,24 +173,25 @@ async def claims_during_passes(
             await passive.engine.reconcile_namespace(NAMESPACE)
             await asyncio.sleep(0)  # let a waiting claim in between two passes
 
-    async def release() -> None:
-        await bench.release_claimed(passive, 600)
-
     looping = asyncio.create_task(passes())
     try:
-        async with prober(ProbeTarget(urls, floor_url, sim_url)) as probe:
-            block = max(1, pools * sizes.runners_per_pool // 4)
-            runs = [
-                percentiles(
-                    await probe_claims(
-                        probe, sizes.scale_rounds, block, request_ids=False, between=release
-                    )
-                )
-                for _ in range(sizes.repetitions)
-            ]
+        yield
     finally:
         running = False
         await looping
+
+
+async def claims_during_passes(
+    run: Run, target: Target, url: str, row: Result, prefix: str
+) -> None:
+    """Sequential claims at `url` (rotating over the pools) with their floor samples,
+    while passes over every runner run back to back; what they claimed is released after
+    each block of a quarter of the runners, so the size stays what it says."""
+    sizes = run.sizes
+    pools = int(row["runners"]) // sizes.runners_per_pool
+    urls = claim_urls(url, [f"p{i:03d}" for i in range(pools)])
+    block = max(1, pools * sizes.runners_per_pool // 4)
+    runs = await probe_runs(run, target, urls, sizes.scale_rounds, block, request_ids=False)
     claims: Result = {}
-    record_claims(claims, "claim", runs)
+    record_claims(claims, f"{prefix}claim", runs)
     row.update(claims)

@@ -119,6 +119,20 @@ async def test_200_concurrent_claims_for_50_runners_across_two_replicas(harness,
     assert {body["error"]["code"] for status, body in results if status == 503} == {"PoolEmpty"}
 
 
+async def test_claims_beyond_a_capped_offer_take_the_pools_other_idle_runners(
+    harness: Harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A catalog record offers at most OFFER_LIMIT runners of a pool that has more: once
+    a replica took those, a claim waits for the next record rather than answer PoolEmpty
+    while the pool has idle runners."""
+    monkeypatch.setattr("controller.engine.catalog.OFFER_LIMIT", 3)
+    await reconciler(harness, tmp_path, idle=8)
+    tier = await harness.start_api_tier()
+    results = await asyncio.gather(*(harness.api(tier, "POST", CLAIMS, {}) for _ in range(6)))
+    assert [status for status, _ in results] == [201] * 6, results
+    assert len({body["runnerId"] for _, body in results}) == 6
+
+
 async def test_a_replica_that_cannot_reach_nomad_is_unready_and_answers_503(
     harness: Harness, tmp_path
 ):
