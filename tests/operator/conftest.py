@@ -4,10 +4,10 @@ simulator and in-process operator replicas running the real kopf machinery again
 The CRDs (the RunnerPool's and kopf's peering resources, as the chart ships them) are
 installed once per session. Each test gets its own namespace holding what the chart renders
 for it (``helm template``): the ServiceAccount, its Role and RoleBinding (or ClusterRole and
-ClusterRoleBinding) and the peering object. Every replica runs as that ServiceAccount, with
-a token from the TokenRequest API: the real authorizer checks each of its requests against
-the chart's rules, and a test fails when the server refused the operator anything (the
-server's audit log says which).
+ClusterRoleBinding) and, with PEERING_ON, the peering object. Every replica runs as that
+ServiceAccount, with a token from the TokenRequest API: the real authorizer checks each of
+its requests against the chart's rules, and a test fails when the server refused the
+operator anything (the server's audit log says which).
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ CRD_NAMES: Final = (
 )
 RELEASE: Final = "poolkeeper"
 PEERING: Final = "poolkeeper"  # the chart's peering.name
+PEERING_ON: Final = ("--set", "peering.enabled=true")  # the chart's kopf peering (off by default)
 NOMAD_NAMESPACE: Final = "default"  # the pools' Nomad namespace (their spec's default)
 GROUP, VERSION, PLURAL = "poolkeeper.dev", "v1alpha1", "runnerpools"
 # What the operator needs of the chart: its identity, its permissions, its peering object.
