@@ -295,9 +295,11 @@ class Cluster:
         name: str = "a",
         lifetime: int = 3,
         resync_seconds: float = 0.5,
+        identity: str = "",
     ) -> Replica:
         """A replica configured from command-line arguments, as the chart passes them,
-        running as the chart's ServiceAccount."""
+        running as the chart's ServiceAccount; `identity`: its own, as a pod's name is
+        (empty: this host's name, shared by every replica of this process)."""
         if self.chart_values is None:
             self.install_chart()
         if "--api-token-file" not in cli:  # the chart's replicas bring their own
@@ -310,6 +312,8 @@ class Cluster:
             finalize_retry_seconds=0.3,
             api_error_backoffs=(0.1, 0.2, 0.3),
         )
+        if identity:
+            options = dataclasses.replace(options, identity=identity)
         nomad = NomadConfig.from_env({"NOMAD_ADDR": self.sim_server.url})
         token = self.token()
         address = urllib.parse.urlsplit(self.kube.server)
@@ -357,8 +361,8 @@ class Cluster:
         self, name: str, tmp_path: Path, lifetime: int, *values: str
     ) -> Replica:
         """A replica with the chart's command line (for these chart values, whose RBAC is
-        installed first); only what binds a port or names a file of the pod is replaced
-        (replicas share this machine)."""
+        installed first) and an identity of its own, as pods have; only what binds a port
+        or names a file of the pod is replaced (replicas share this machine)."""
         if self.chart_values != values:
             args = operator_args(self.install_chart(*values))
         else:
@@ -374,7 +378,9 @@ class Cluster:
         for index, arg in enumerate(args[:-1]):
             if arg in local:
                 args[index + 1] = local[arg]
-        replica = await self.start_operator(*args, name=name, lifetime=lifetime)
+        replica = await self.start_operator(
+            *args, name=name, lifetime=lifetime, identity=f"{RELEASE}-{name}"
+        )
         replica.liveness = local["--liveness"]
         return replica
 
