@@ -156,6 +156,7 @@ class Replica:
     relay: Relay  # its way to the API server: cut when it crashes
     errors: list[BaseException]
     liveness: str = ""
+    nomad_relay: Relay | None = None  # its way to Nomad, if it has one: cut when it crashes
 
     @property
     def active(self) -> bool:
@@ -166,6 +167,8 @@ class Replica:
         self.stop_flag.set()
         await asyncio.to_thread(self.thread.join, 30)
         self.relay.stop()
+        if self.nomad_relay is not None:
+            self.nomad_relay.stop()
         assert not self.thread.is_alive(), "the operator did not stop"
         assert crashed or not self.errors, self.errors
 
@@ -296,10 +299,12 @@ class Cluster:
         lifetime: int = 3,
         resync_seconds: float = 0.5,
         identity: str = "",
+        nomad_relay: bool = False,
     ) -> Replica:
         """A replica configured from command-line arguments, as the chart passes them,
         running as the chart's ServiceAccount; `identity`: its own, as a pod's name is
-        (empty: this host's name, shared by every replica of this process)."""
+        (empty: this host's name, shared by every replica of this process); with
+        `nomad_relay`, it reaches Nomad through a Relay that `crash` cuts too."""
         if self.chart_values is None:
             self.install_chart()
         if "--api-token-file" not in cli:  # the chart's replicas bring their own
@@ -314,7 +319,11 @@ class Cluster:
         )
         if identity:
             options = dataclasses.replace(options, identity=identity)
-        nomad = NomadConfig.from_env({"NOMAD_ADDR": self.sim_server.url})
+        to_nomad = (
+            Relay(self.sim_server.host, self.sim_server.port).start() if nomad_relay else None
+        )
+        nomad_url = f"http://127.0.0.1:{to_nomad.port}" if to_nomad else self.sim_server.url
+        nomad = NomadConfig.from_env({"NOMAD_ADDR": nomad_url})
         token = self.token()
         address = urllib.parse.urlsplit(self.kube.server)
         relay = Relay(str(address.hostname), int(address.port or 443)).start()
@@ -351,14 +360,16 @@ class Cluster:
         try:
             controller = await asyncio.wrap_future(started)
         except BaseException:
-            relay.stop()
+            for opened in (relay, to_nomad):
+                if opened is not None:
+                    opened.stop()
             raise
-        replica = Replica(controller, thread, stop_flag, name, relay, errors)
+        replica = Replica(controller, thread, stop_flag, name, relay, errors, nomad_relay=to_nomad)
         self.replicas.append(replica)
         return replica
 
     async def start_chart_replica(
-        self, name: str, tmp_path: Path, lifetime: int, *values: str
+        self, name: str, tmp_path: Path, lifetime: int, *values: str, nomad_relay: bool = False
     ) -> Replica:
         """A replica with the chart's command line (for these chart values, whose RBAC is
         installed first) and an identity of its own, as pods have; only what binds a port
@@ -379,19 +390,25 @@ class Cluster:
             if arg in local:
                 args[index + 1] = local[arg]
         replica = await self.start_operator(
-            *args, name=name, lifetime=lifetime, identity=f"{RELEASE}-{name}"
+            *args,
+            name=name,
+            lifetime=lifetime,
+            identity=f"{RELEASE}-{name}",
+            nomad_relay=nomad_relay,
         )
         replica.liveness = local["--liveness"]
         return replica
 
     async def crash(self, replica: Replica) -> None:
         """The replica is gone without a word, as when its process is killed: its
-        connections to the API server are reset (so it cannot remove its peering record),
-        then it stops.
+        connections to the API server (and to Nomad, if it has a relay there) are reset, so
+        it cannot remove its peering record (nor give its leases back), then it stops.
 
         Revoking its token would not do: kube-apiserver caches a token's authentication
         for 10 s, so a revoked token keeps working that long."""
         replica.relay.cut()
+        if replica.nomad_relay is not None:
+            replica.nomad_relay.cut()
         await replica.stop(crashed=True)
 
     async def ready(self, replica: Replica) -> int:

@@ -13,7 +13,7 @@ from typing import Any, Final
 
 import pytest
 
-from controller.core.leases import lease_path
+from controller.core.leases import DEFAULT_TTL_SECONDS, lease_path, takeover_seconds
 from tests.operator.conftest import NOMAD_NAMESPACE, Cluster, Replica, chart_operator_args
 from tests.support.documents import pool_doc
 from tests.support.waiting import wait_until
@@ -67,12 +67,14 @@ async def scale_all(cluster: Cluster, pools: list[str], idle: int) -> None:
     )
 
 
-async def test_two_active_replicas_share_the_pools_and_only_holders_write(
-    cluster: Cluster, tmp_path: Path
-) -> None:
+async def spread_pair(
+    cluster: Cluster, tmp_path: Path, *, nomad_relay: bool = False
+) -> tuple[Replica, Replica, dict[str, str]]:
+    """Two replicas as the chart runs them and the 4 pools, once the leases are spread (two
+    each) and each pool's status names its holder; the pools' holders."""
     assert "--peering" not in chart_operator_args(namespace=cluster.namespace)
-    a = await cluster.start_chart_replica("a", tmp_path, 3)
-    b = await cluster.start_chart_replica("b", tmp_path, 3)
+    a = await cluster.start_chart_replica("a", tmp_path, 3, nomad_relay=nomad_relay)
+    b = await cluster.start_chart_replica("b", tmp_path, 3, nomad_relay=nomad_relay)
     assert identity(a) != identity(b)
     for pool in POOLS:
         await cluster.create_pool(pool_doc(pool, idle=1))
@@ -88,6 +90,13 @@ async def test_two_active_replicas_share_the_pools_and_only_holders_write(
         lambda: all(status(cluster, p).get("reconciledBy") == holders[p] for p in POOLS),
         what="every status naming its lease holder",
     )
+    return a, b, holders
+
+
+async def test_two_active_replicas_share_the_pools_and_only_holders_write(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    a, b, holders = await spread_pair(cluster, tmp_path)
     # Both replicas are ready, each holding its share and knowing who holds the rest.
     for replica, other in ((a, b), (b, a)):
 
@@ -100,6 +109,13 @@ async def test_two_active_replicas_share_the_pools_and_only_holders_write(
         mine = sorted(p for p, h in holders.items() if h == identity(replica))
         assert sorted(k.split("/")[1] for k in body["reconciles"]) == mine
         assert set(body["reconciledElsewhere"].values()) == {identity(other)}
+
+    # Either replica serves claims of any pool: one of a's pools, claimed through b.
+    a_pools = sorted(p for p, h in holders.items() if h == identity(a))
+    url = f"{b.controller.url}/v1/pools/{cluster.namespace}/{a_pools[0]}/claims"
+    headers = {"Authorization": "Bearer api-token"}  # start_chart_replica's token file
+    async with cluster.http.post(url, json={}, headers=headers) as response:
+        assert response.status == 201, await response.text()
 
     # A change to every pool: each status is written, by its holder only.
     before = len(status_writes(cluster))
@@ -115,7 +131,6 @@ async def test_two_active_replicas_share_the_pools_and_only_holders_write(
         assert event["message"].startswith(f"{event['reportingInstance']} holds"), event
 
     # A graceful stop (a rolling update, a drain): the other replica takes its pools.
-    a_pools = sorted(p for p, h in holders.items() if h == identity(a))
     started = time.monotonic()
     await a.stop()
     await wait_until(
@@ -135,7 +150,6 @@ async def test_two_active_replicas_share_the_pools_and_only_holders_write(
     before = len(status_writes(cluster))
     await scale_all(cluster, a_pools, 3)
     assert {w for _, w in status_writes(cluster)[before:]} == {identity(b)}
-    await wait_until(lambda: all(len(cluster.jobs(p)) == 3 for p in a_pools), what="3 runners")
     taken = [
         e["involvedObject"]["name"]
         for e in cluster.events("LeaseAcquired")
@@ -144,3 +158,32 @@ async def test_two_active_replicas_share_the_pools_and_only_holders_write(
     assert set(a_pools) <= set(taken)
     assert await cluster.ready(b) == 200
     print(f"graceful stop: the other replica held every lease {handover:.2f} s later")
+
+
+async def test_a_crashed_replicas_pools_are_taken_once_nomad_frees_its_locks(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    a, b, holders = await spread_pair(cluster, tmp_path, nomad_relay=True)
+    a_pools = sorted(p for p, h in holders.items() if h == identity(a))
+    # Killed: it neither deletes its member record nor gives its leases back.
+    crashed = time.monotonic()
+    await cluster.crash(a)
+    assert lease_holders(cluster) == holders
+    bound = takeover_seconds(DEFAULT_TTL_SECONDS) + 5.0  # + a pass, on a shared machine
+    await wait_until(
+        lambda: (
+            set(lease_holders(cluster).values()) == {identity(b)}
+            and len(lease_holders(cluster)) == len(POOLS)
+        ),
+        within=bound + 10,
+        what="the remaining replica to hold every lease",
+    )
+    takeover = time.monotonic() - crashed
+    assert takeover <= bound, takeover
+    await wait_until(
+        lambda: all(status(cluster, p).get("reconciledBy") == identity(b) for p in POOLS),
+        what="every status naming the remaining replica",
+    )
+    await scale_all(cluster, a_pools, 2)
+    assert await cluster.ready(b) == 200
+    print(f"crash: the other replica held every lease {takeover:.1f} s later")
