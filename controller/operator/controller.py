@@ -15,8 +15,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
-import socket
 import time
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
@@ -75,6 +73,7 @@ class OperatorController(Service):
     """Engine, API and event watchers of one operator replica; pools come from kopf."""
 
     def __init__(self, options: OperatorOptions, nomad: NomadConfig) -> None:
+        self.options = options  # before the Service asks for the identity
         super().__init__(
             options,
             nomad,
@@ -82,7 +81,6 @@ class OperatorController(Service):
             on_event=self._on_event,
             orphan_advice=ORPHAN_ADVICE,
         )
-        self.options = options
         self.kube: KubeClient | None = None
         self.active = False
         self.registrations: dict[str, Registration] = {}
@@ -94,8 +92,7 @@ class OperatorController(Service):
     # -- lifecycle --------------------------------------------------------------------
 
     def identity(self) -> str:
-        """The pod's name (the chart sets POD_NAME), as in kopf's peering."""
-        return os.environ.get("POD_NAME") or socket.gethostname()
+        return self.options.identity
 
     def registers_pools(self) -> bool:
         return self.active
@@ -113,7 +110,7 @@ class OperatorController(Service):
         if info is None:
             log.error("no Kubernetes credentials: no service account and no kubeconfig")
         elif self.kube is None:
-            self.kube = KubeClient(info)
+            self.kube = KubeClient(info, self.identity())
         return info
 
     async def set_active(self, active: bool) -> None:

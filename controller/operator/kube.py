@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import ssl
 import tempfile
 import time
@@ -80,13 +79,16 @@ class ObjectRef:
 
 class KubeClient:
     """Writes RunnerPool status (the status subresource only) and core/v1 Events, with
-    the credentials kopf logged in with."""
+    the credentials kopf logged in with. `instance` (the replica's identity) is named in
+    the User-Agent, so the API server's audit log tells the replicas apart, and is the
+    Events' reportingInstance."""
 
-    def __init__(self, info: kopf.ConnectionInfo) -> None:
+    def __init__(self, info: kopf.ConnectionInfo, instance: str) -> None:
         self.server = info.server.rstrip("/")
+        self.instance = instance
         self._scratch = tempfile.TemporaryDirectory(prefix="poolkeeper-kube-")
         self._ssl = _ssl_context(info, Path(self._scratch.name))
-        self._headers = {"User-Agent": f"{COMPONENT}-operator"}
+        self._headers = {"User-Agent": f"{COMPONENT}-operator ({instance})"}
         self._auth: aiohttp.BasicAuth | None = None
         if info.token:
             self._headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
@@ -150,7 +152,7 @@ class KubeClient:
             "message": message[:1024],
             "source": {"component": COMPONENT},
             "reportingComponent": COMPONENT,
-            "reportingInstance": os.environ.get("POD_ID") or socket.gethostname(),
+            "reportingInstance": self.instance,
             "firstTimestamp": now,
             "lastTimestamp": now,
             "count": 1,

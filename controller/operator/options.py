@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import random
 import re
+import socket
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 import kopf
@@ -39,6 +41,12 @@ KOPF_OBJECT_LOGGER: Final = "kopf.objects"
 HANDLER_SUCCEEDED: Final = re.compile(r"Handler '[^']*' succeeded\.")
 
 
+def pod_identity() -> str:
+    """The pod's name (the chart sets POD_NAME), else the host's: a pod's host name is its
+    name too."""
+    return os.environ.get("POD_NAME") or socket.gethostname()
+
+
 @dataclass(frozen=True)
 class OperatorOptions(ServiceSettings):
     listen: tuple[str, int] = ("0.0.0.0", 8080)
@@ -49,6 +57,9 @@ class OperatorOptions(ServiceSettings):
     peering_lifetime: int = PEERING_LIFETIME_SECONDS
     finalize_retry_seconds: float = 2.0
     api_error_backoffs: tuple[float, ...] | None = None  # None: kopf's own
+    # Who this replica is in the pools' leases, its member record, its Kubernetes requests'
+    # User-Agent and its Events' reportingInstance.
+    identity: str = field(default_factory=pod_identity)
 
 
 def options_from_args(args: argparse.Namespace) -> OperatorOptions:

@@ -9,7 +9,10 @@ from typing import Final
 SCENARIOS: Final[dict[str, dict[str, str]]] = {
     "default": {},
     "serviceMonitor": {"serviceMonitor.enabled": "true"},
-    "podDisruptionBudget": {"podDisruptionBudget.enabled": "true"},
+    # kopf peering: active/passive operator replicas (off by default: all active).
+    "peering": {"peering.enabled": "true"},
+    "allNamespacesPeering": {"watch.allNamespaces": "true", "peering.enabled": "true"},
+    "operatorBudget": {"replicaCount": "3", "podDisruptionBudget.minAvailable": "2"},
     "networkPolicy": {
         "networkPolicy.enabled": "true",
         "networkPolicy.ingressFrom": json.dumps(
@@ -39,11 +42,11 @@ SCENARIOS: Final[dict[str, dict[str, str]]] = {
     },
     "everything": {
         "serviceMonitor.enabled": "true",
-        "podDisruptionBudget.enabled": "true",
         "networkPolicy.enabled": "true",
         "grafanaDashboard.enabled": "true",
         "prometheusRule.enabled": "true",
         "watch.allNamespaces": "true",
+        "peering.enabled": "true",
         "nomad.caCert": "true",
         "nomad.namespace": '"runners"',
         "nomad.region": '"eu"',
@@ -56,7 +59,6 @@ SCENARIOS: Final[dict[str, dict[str, str]]] = {
     "everythingApiOff": {
         "api.enabled": "false",
         "serviceMonitor.enabled": "true",
-        "podDisruptionBudget.enabled": "true",
         "networkPolicy.enabled": "true",
         "prometheusRule.enabled": "true",
     },

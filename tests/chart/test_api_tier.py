@@ -220,9 +220,7 @@ def _monitored(monitor: dict[str, Any], services: Iterable[Manifest]) -> set[str
 
 def test_the_api_budget_lets_drains_proceed_unattended() -> None:
     manifests = render()
-    (budget,) = of_kind(manifests, "PodDisruptionBudget")
-    assert budget["metadata"]["name"] == API
-    spec = budget["spec"]
+    spec = named(manifests, "PodDisruptionBudget", API)["spec"]
     assert selected(manifests, spec["selector"]["matchLabels"]) == {API}
     # One of the two may go at a time; an unready pod (Nomad unreachable) always may.
     assert spec["minAvailable"] == 1
@@ -232,9 +230,8 @@ def test_the_api_budget_lets_drains_proceed_unattended() -> None:
         named(render(SCENARIOS["apiPlacement"]), "PodDisruptionBudget", API)["spec"]["minAvailable"]
         == 2
     )
-    assert (
-        of_kind(render({"api.podDisruptionBudget.enabled": "false"}), "PodDisruptionBudget") == []
-    )
+    off = of_kind(render({"api.podDisruptionBudget.enabled": "false"}), "PodDisruptionBudget")
+    assert [m["metadata"]["name"] for m in off] == [OPERATOR]
 
 
 @pytest.mark.parametrize(
@@ -358,15 +355,21 @@ def test_values_from_an_older_chart_are_refused_with_the_flag_to_use() -> None:
 def test_notes_describe_both_tiers(tmp_path: Path) -> None:
     notes = render_notes(tmp_path / "a", {})
     assert "The API tier (2 replicas of Deployment pk-poolkeeper-api) serves the clients" in notes
-    assert "the operator (2 replica(s) of Deployment pk-poolkeeper) reconciles" in notes
-    assert "podDisruptionBudget.enabled keeps the active operator replica" not in notes
-    own = render_notes(
-        tmp_path / "b", {**SCENARIOS["apiNomadToken"], **SCENARIOS["podDisruptionBudget"]}
+    assert (
+        "the operator (2 replica(s) of Deployment pk-poolkeeper) reconciles: the pools' leases "
+        "are spread over them, all ready." in notes
     )
+    assert "keeps it from being evicted" not in notes
+    own = render_notes(tmp_path / "b", {**SCENARIOS["apiNomadToken"], **SCENARIOS["peering"]})
     assert "create secret generic poolkeeper-nomad-api" in own
-    assert "podDisruptionBudget.enabled keeps the active operator replica" in own
+    assert "reconciles: one is active (ready), the others wait unready." in own
+    # Peering leaves one ready replica, which the default budget keeps from being evicted.
+    assert "podDisruptionBudget.enabled keeps it from being evicted" in " ".join(own.split())
     scaled = render_notes(tmp_path / "c", SCENARIOS["apiAutoscaling"])
     assert "The API tier (3 to 12 replicas of Deployment pk-poolkeeper-api)" in scaled
-    before = render_notes(tmp_path / "d", {**API_OFF, **SCENARIOS["podDisruptionBudget"]})
-    assert "one is active (ready) and serves claims" in before
+    before = render_notes(tmp_path / "d", API_OFF)
+    assert (
+        "2 replica(s) reconcile and serve the clients: the pools' leases are spread over "
+        "them, all ready." in before
+    )
     assert "API tier" not in before

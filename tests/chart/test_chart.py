@@ -134,7 +134,8 @@ def test_offline_validation_catches_a_misspelled_field() -> None:
     ("scenario", "kind", "names"),
     [
         ("serviceMonitor", "ServiceMonitor", {OPERATOR, API}),
-        ("podDisruptionBudget", "PodDisruptionBudget", {OPERATOR}),
+        ("peering", "KopfPeering", {"poolkeeper"}),
+        ("allNamespacesPeering", "ClusterKopfPeering", {"poolkeeper"}),
         ("networkPolicy", "NetworkPolicy", {OPERATOR, API}),
         ("grafanaDashboard", "ConfigMap", {"pk-poolkeeper-dashboard"}),
         ("prometheusRule", "PrometheusRule", {"pk-poolkeeper"}),
@@ -146,10 +147,8 @@ def test_optional_features_render_only_when_enabled(
     def rendered(values: dict[str, str]) -> set[str]:
         return {m["metadata"]["name"] for m in of_kind(render(values), kind)}
 
-    # The API tier's budget is the one on by default (test_api_tier.py).
-    on_by_default = {API} if kind == "PodDisruptionBudget" else set()
-    assert rendered({}) == on_by_default
-    assert rendered(SCENARIOS[scenario]) == on_by_default | names
+    assert rendered({}) == set()
+    assert rendered(SCENARIOS[scenario]) == names
 
 
 # --- values.schema.json -------------------------------------------------------------------
@@ -187,6 +186,9 @@ def test_values_schema_rejects_a_misspelled_key(key: str, value: str, misspelled
         ("prometheusRule.alertLabels", '{"severity": "page"}'),
         ("prometheusRule.severities.PoolkeeperClaimErrors", '""'),
         ("apiTls.secretName", '"Not_A_Secret"'),
+        ("podDisruptionBudget.minAvailable", "0"),
+        ("podDisruptionBudget.maxUnavailable", "1"),  # the budget counts ready pods left
+        ("peering.enabled", '"yes"'),
     ],
 )
 def test_values_schema_rejects_bad_values(key: str, value: str) -> None:
@@ -254,11 +256,13 @@ def _rules(role: Manifest) -> set[tuple[str, str, str]]:
     }
 
 
-def expected_rules(peering: str) -> set[tuple[str, str, str]]:
+def expected_rules(peering: str | None) -> set[tuple[str, str, str]]:
+    """The operator's rules; with kopf peering (its resource named), the peering's too."""
     rules = {("poolkeeper.dev", "runnerpools", v) for v in ("get", "list", "watch", "patch")}
     rules.add(("poolkeeper.dev", "runnerpools/status", "patch"))
     rules.add(("", "events", "create"))
-    rules |= {("kopf.dev", peering, v) for v in ("get", "list", "watch", "patch")}
+    if peering is not None:
+        rules |= {("kopf.dev", peering, v) for v in ("get", "list", "watch", "patch")}
     return rules
 
 
@@ -270,13 +274,17 @@ def _no_wildcards(role: Manifest) -> None:
 
 
 @pytest.mark.parametrize(
-    ("scenario", "namespaces"),
-    [("default", [NAMESPACE]), ("namespaces", ["team-a", "team-b"])],
+    ("values", "namespaces", "peering"),
+    [
+        (SCENARIOS["default"], [NAMESPACE], None),
+        (SCENARIOS["namespaces"], ["team-a", "team-b"], None),
+        ({**SCENARIOS["namespaces"], **SCENARIOS["peering"]}, ["team-a", "team-b"], "kopfpeerings"),
+    ],
 )
 def test_namespaced_rbac_is_exactly_the_least_privilege_set(
-    scenario: str, namespaces: list[str]
+    values: dict[str, str], namespaces: list[str], peering: str | None
 ) -> None:
-    manifests = render(SCENARIOS[scenario])
+    manifests = render(values)
     assert of_kind(manifests, "ClusterRole") == []
     assert of_kind(manifests, "ClusterRoleBinding") == []
     roles = of_kind(manifests, "Role")
@@ -285,7 +293,7 @@ def test_namespaced_rbac_is_exactly_the_least_privilege_set(
     account = named(manifests, "ServiceAccount", OPERATOR)["metadata"]
     for role in roles:
         _no_wildcards(role)
-        assert _rules(role) == expected_rules("kopfpeerings")
+        assert _rules(role) == expected_rules(peering)
     for binding in bindings:
         role_name = binding["roleRef"]["name"]
         assert binding["roleRef"]["kind"] == "Role"
@@ -304,13 +312,19 @@ def test_namespaced_rbac_is_exactly_the_least_privilege_set(
     assert sorted(b["metadata"]["namespace"] for b in bindings) == sorted(namespaces)
 
 
-def test_all_namespaces_rbac_is_a_cluster_role_with_the_same_rules() -> None:
-    manifests = render(SCENARIOS["allNamespaces"])
+@pytest.mark.parametrize(
+    ("scenario", "peering"),
+    [("allNamespaces", None), ("allNamespacesPeering", "clusterkopfpeerings")],
+)
+def test_all_namespaces_rbac_is_a_cluster_role_with_the_same_rules(
+    scenario: str, peering: str | None
+) -> None:
+    manifests = render(SCENARIOS[scenario])
     assert of_kind(manifests, "Role") == []
     assert of_kind(manifests, "RoleBinding") == []
     role = only(manifests, "ClusterRole")
     _no_wildcards(role)
-    assert _rules(role) == expected_rules("clusterkopfpeerings")
+    assert _rules(role) == expected_rules(peering)
     binding = only(manifests, "ClusterRoleBinding")
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
@@ -329,8 +343,6 @@ def test_all_namespaces_rbac_is_a_cluster_role_with_the_same_rules() -> None:
 def test_deployment_args_in_namespaced_mode() -> None:
     assert container(render())["args"] == [
         "operator",
-        "--peering",
-        "poolkeeper",
         "--listen",
         "0.0.0.0:8080",
         "--liveness",
@@ -357,16 +369,24 @@ def test_deployment_args_in_namespaced_mode() -> None:
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_no_priority_is_passed_and_the_scope_is_exclusive(scenario: str) -> None:
-    """Replicas draw distinct random priorities themselves: the chart must not pin one."""
-    args = container(render(SCENARIOS[scenario]))["args"]
+    """Replicas draw distinct random priorities themselves: the chart must not pin one.
+    kopf peering only where a scenario turns it on."""
+    values = SCENARIOS[scenario]
+    args = container(render(values))["args"]
     assert not any(arg.startswith("--priority") for arg in args)
-    assert args[:2] == ["operator", "--peering"]
+    if values.get("peering.enabled") == "true":
+        assert args[:3] == ["operator", "--peering", "poolkeeper"]
+    else:
+        assert args[0] == "operator" and "--peering" not in args
     assert ("--all-namespaces" in args) != ("--namespace" in args)
     assert ("--api-token-file" in args) != ("--insecure-no-auth" in args)
 
 
 def test_all_namespaces_mode() -> None:
     manifests = render(SCENARIOS["allNamespaces"])
+    assert "--all-namespaces" in container(manifests)["args"]
+    assert of_kind(manifests, "ClusterKopfPeering") == of_kind(manifests, "KopfPeering") == []
+    manifests = render(SCENARIOS["allNamespacesPeering"])
     args = container(manifests)["args"]
     assert "--all-namespaces" in args
     peering = only(manifests, "ClusterKopfPeering")
@@ -382,7 +402,7 @@ def test_all_namespaces_mode() -> None:
 def test_a_peering_object_exists_where_the_operator_looks(
     scenario: str, namespaces: list[str]
 ) -> None:
-    manifests = render(SCENARIOS[scenario])
+    manifests = render({**SCENARIOS[scenario], **SCENARIOS["peering"]})
     args = container(manifests)["args"]
     peerings = of_kind(manifests, "KopfPeering")
     assert {p["metadata"]["name"] for p in peerings} == {args[args.index("--peering") + 1]}
@@ -392,9 +412,15 @@ def test_a_peering_object_exists_where_the_operator_looks(
 def test_replicas_and_update_strategy() -> None:
     operator = deployment(render())
     assert operator["spec"]["replicas"] == 2
-    # Passive replicas never become ready, so a rolling update could never progress.
-    assert operator["spec"]["strategy"] == {"type": "Recreate"}
+    # Every replica is active and ready: a new one is ready before an old one stops.
+    assert operator["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     assert deployment(render({"replicaCount": "3"}))["spec"]["replicas"] == 3
+    # With kopf peering passive replicas never become ready: a rolling update would wait
+    # for them forever.
+    assert deployment(render(SCENARIOS["peering"]))["spec"]["strategy"] == {"type": "Recreate"}
 
 
 def test_hardened_security_context() -> None:
@@ -489,8 +515,12 @@ def test_nomad_connection_and_api_tokens_come_from_secrets() -> None:
     assert variables["NOMAD_TOKEN"] == {
         "secretKeyRef": {"name": "poolkeeper-nomad", "key": "token", "optional": True}
     }
-    assert variables["POD_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    # The lease identity (and Events' reporting instance) is the pod's name; kopf's
+    # peering identity too, with peering.
     assert variables["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert "POD_ID" not in variables
+    peering = env(container(render(SCENARIOS["peering"])))
+    assert peering["POD_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert "NOMAD_CACERT" not in variables and "NOMAD_NAMESPACE" not in variables
     files = mounted_secret_files(manifests)
     token_file = operator["args"][operator["args"].index("--api-token-file") + 1]
@@ -530,12 +560,29 @@ def test_root_filesystem_is_read_only_but_tmp_is_writable() -> None:
 
 
 def test_pod_disruption_budget_selects_the_pods() -> None:
-    manifests = render(SCENARIOS["podDisruptionBudget"])
+    manifests = render()
     budget = named(manifests, "PodDisruptionBudget", OPERATOR)["spec"]
     assert selected(manifests, budget["selector"]["matchLabels"]) == {OPERATOR}
-    # Passive replicas are unready by design: they must stay evictable.
+    # One of the two ready replicas may go at a time; an unready one (Nomad unreachable, or
+    # passive with peering) always may.
+    assert budget["minAvailable"] == 1
     assert budget["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
-    assert budget["maxUnavailable"] == 1
+    assert "maxUnavailable" not in budget
+    scaled = render(SCENARIOS["operatorBudget"])
+    assert named(scaled, "PodDisruptionBudget", OPERATOR)["spec"]["minAvailable"] == 2
+    off = render({"podDisruptionBudget.enabled": "false"})
+    assert [m["metadata"]["name"] for m in of_kind(off, "PodDisruptionBudget")] == [API]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{"replicaCount": "1"}, {"replicaCount": "3", "podDisruptionBudget.minAvailable": "3"}],
+)
+def test_a_budget_no_drain_could_satisfy_is_refused(values: dict[str, str]) -> None:
+    _, stderr, code = template(values)
+    assert code != 0
+    assert "podDisruptionBudget.minAvailable" in stderr and "must be below replicaCount" in stderr
+    render({**values, "podDisruptionBudget.enabled": "false"})
 
 
 def test_network_policy() -> None:
@@ -614,7 +661,9 @@ def test_notes_render(tmp_path: Path) -> None:
     assert f"kubectl scale rpool/python-312 --replicas=10 -n {NAMESPACE}\n" in notes
     assert "create secret generic poolkeeper-nomad" in notes
     assert "create secret generic poolkeeper-api-tokens" in notes
-    assert f"RunnerPools in: {NAMESPACE}" in notes
+    assert f"RunnerPools in: {NAMESPACE}.\n" in notes
+    peering = render_notes(tmp_path / "e", SCENARIOS["peering"])
+    assert f'RunnerPools in: {NAMESPACE} (peering: KopfPeering "poolkeeper" in each).' in peering
     insecure = render_notes(
         tmp_path / "b", {**SCENARIOS["allNamespaces"], **SCENARIOS["insecureNoAuth"]}
     )

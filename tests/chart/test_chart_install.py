@@ -92,7 +92,6 @@ EVERYTHING_OBJECTS: Final = {
     ("ServiceAccount", API),
     ("Role", OPERATOR),
     ("RoleBinding", OPERATOR),
-    ("KopfPeering", "poolkeeper"),
     ("PodDisruptionBudget", OPERATOR),
     ("PodDisruptionBudget", API),
     ("HorizontalPodAutoscaler", API),
@@ -105,10 +104,12 @@ EVERYTHING_OBJECTS: Final = {
     ("ConfigMap", f"{OPERATOR}-poseidon"),
 }
 # The upgrade: fixed API replicas (the HPA goes), other resources and Secret names, one
-# more operator replica, no dashboard.
+# more operator replica, no dashboard, kopf peering on (its objects come, and the operator
+# Deployment's rolling update becomes Recreate).
 UPGRADE: Final[dict[str, Any]] = {
     **EVERYTHING,
     "replicaCount": 3,
+    "peering": {"enabled": True},
     "api": {
         "autoscaling": {"enabled": False},
         "replicas": 3,
@@ -266,12 +267,9 @@ def test_install_upgrade_and_uninstall_everything(cluster: KubeCluster, tmp_path
     kinds = {(m["kind"], m["metadata"]["name"]) for m in installed}
     assert kinds == EVERYTHING_OBJECTS
     placed = {(m["kind"], m["metadata"].get("namespace")) for m in installed}
-    assert {
-        ("Role", TEAM_NS),
-        ("KopfPeering", TEAM_NS),
-        ("PrometheusRule", MONITORING_NS),
-    } <= placed
+    assert {("Role", TEAM_NS), ("PrometheusRule", MONITORING_NS)} <= placed
     assert_stored_as_rendered(cluster, installed)
+    assert deployment(live(cluster, installed))["spec"]["strategy"]["type"] == "RollingUpdate"
 
     # The NOTES' pool, as they say to create and scale it (a kubeconfig without a namespace).
     pool, scale_commands = notes_commands(notes)
@@ -308,10 +306,13 @@ def test_install_upgrade_and_uninstall_everything(cluster: KubeCluster, tmp_path
     assert {(m["kind"], m["metadata"]["name"]) for m in upgraded} == EVERYTHING_OBJECTS - {
         ("HorizontalPodAutoscaler", API),
         ("ConfigMap", f"{OPERATOR}-dashboard"),
-    }
+    } | {("KopfPeering", "poolkeeper")}
+    peerings = {m["metadata"]["namespace"] for m in upgraded if m["kind"] == "KopfPeering"}
+    assert peerings == {RELEASE_NS, TEAM_NS}
     assert_stored_as_rendered(cluster, upgraded)
     objects = live(cluster, upgraded)
     assert deployment(objects)["spec"]["replicas"] == 3
+    assert deployment(objects)["spec"]["strategy"] == {"type": "Recreate"}  # no rollingUpdate
     assert deployment(objects, API)["spec"]["replicas"] == 3
     assert container(objects, API)["resources"] == UPGRADE["api"]["resources"]
     token_ref = env(container(objects, API))["NOMAD_TOKEN"]["secretKeyRef"]

@@ -4,10 +4,10 @@ simulator and in-process operator replicas running the real kopf machinery again
 The CRDs (the RunnerPool's and kopf's peering resources, as the chart ships them) are
 installed once per session. Each test gets its own namespace holding what the chart renders
 for it (``helm template``): the ServiceAccount, its Role and RoleBinding (or ClusterRole and
-ClusterRoleBinding) and the peering object. Every replica runs as that ServiceAccount, with
-a token from the TokenRequest API: the real authorizer checks each of its requests against
-the chart's rules, and a test fails when the server refused the operator anything (the
-server's audit log says which).
+ClusterRoleBinding) and, with PEERING_ON, the peering object. Every replica runs as that
+ServiceAccount, with a token from the TokenRequest API: the real authorizer checks each of
+its requests against the chart's rules, and a test fails when the server refused the
+operator anything (the server's audit log says which).
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ CRD_NAMES: Final = (
 )
 RELEASE: Final = "poolkeeper"
 PEERING: Final = "poolkeeper"  # the chart's peering.name
+PEERING_ON: Final = ("--set", "peering.enabled=true")  # the chart's kopf peering (off by default)
 NOMAD_NAMESPACE: Final = "default"  # the pools' Nomad namespace (their spec's default)
 GROUP, VERSION, PLURAL = "poolkeeper.dev", "v1alpha1", "runnerpools"
 # What the operator needs of the chart: its identity, its permissions, its peering object.
@@ -155,6 +156,7 @@ class Replica:
     relay: Relay  # its way to the API server: cut when it crashes
     errors: list[BaseException]
     liveness: str = ""
+    nomad_relay: Relay | None = None  # its way to Nomad, if it has one: cut when it crashes
 
     @property
     def active(self) -> bool:
@@ -165,6 +167,8 @@ class Replica:
         self.stop_flag.set()
         await asyncio.to_thread(self.thread.join, 30)
         self.relay.stop()
+        if self.nomad_relay is not None:
+            self.nomad_relay.stop()
         assert not self.thread.is_alive(), "the operator did not stop"
         assert crashed or not self.errors, self.errors
 
@@ -294,9 +298,13 @@ class Cluster:
         name: str = "a",
         lifetime: int = 3,
         resync_seconds: float = 0.5,
+        identity: str = "",
+        nomad_relay: bool = False,
     ) -> Replica:
         """A replica configured from command-line arguments, as the chart passes them,
-        running as the chart's ServiceAccount."""
+        running as the chart's ServiceAccount; `identity`: its own, as a pod's name is
+        (empty: this host's name, shared by every replica of this process); with
+        `nomad_relay`, it reaches Nomad through a Relay that `crash` cuts too."""
         if self.chart_values is None:
             self.install_chart()
         if "--api-token-file" not in cli:  # the chart's replicas bring their own
@@ -309,7 +317,13 @@ class Cluster:
             finalize_retry_seconds=0.3,
             api_error_backoffs=(0.1, 0.2, 0.3),
         )
-        nomad = NomadConfig.from_env({"NOMAD_ADDR": self.sim_server.url})
+        if identity:
+            options = dataclasses.replace(options, identity=identity)
+        to_nomad = (
+            Relay(self.sim_server.host, self.sim_server.port).start() if nomad_relay else None
+        )
+        nomad_url = f"http://127.0.0.1:{to_nomad.port}" if to_nomad else self.sim_server.url
+        nomad = NomadConfig.from_env({"NOMAD_ADDR": nomad_url})
         token = self.token()
         address = urllib.parse.urlsplit(self.kube.server)
         relay = Relay(str(address.hostname), int(address.port or 443)).start()
@@ -346,18 +360,20 @@ class Cluster:
         try:
             controller = await asyncio.wrap_future(started)
         except BaseException:
-            relay.stop()
+            for opened in (relay, to_nomad):
+                if opened is not None:
+                    opened.stop()
             raise
-        replica = Replica(controller, thread, stop_flag, name, relay, errors)
+        replica = Replica(controller, thread, stop_flag, name, relay, errors, nomad_relay=to_nomad)
         self.replicas.append(replica)
         return replica
 
     async def start_chart_replica(
-        self, name: str, tmp_path: Path, lifetime: int, *values: str
+        self, name: str, tmp_path: Path, lifetime: int, *values: str, nomad_relay: bool = False
     ) -> Replica:
         """A replica with the chart's command line (for these chart values, whose RBAC is
-        installed first); only what binds a port or names a file of the pod is replaced
-        (replicas share this machine)."""
+        installed first) and an identity of its own, as pods have; only what binds a port
+        or names a file of the pod is replaced (replicas share this machine)."""
         if self.chart_values != values:
             args = operator_args(self.install_chart(*values))
         else:
@@ -373,18 +389,26 @@ class Cluster:
         for index, arg in enumerate(args[:-1]):
             if arg in local:
                 args[index + 1] = local[arg]
-        replica = await self.start_operator(*args, name=name, lifetime=lifetime)
+        replica = await self.start_operator(
+            *args,
+            name=name,
+            lifetime=lifetime,
+            identity=f"{RELEASE}-{name}",
+            nomad_relay=nomad_relay,
+        )
         replica.liveness = local["--liveness"]
         return replica
 
     async def crash(self, replica: Replica) -> None:
         """The replica is gone without a word, as when its process is killed: its
-        connections to the API server are reset (so it cannot remove its peering record),
-        then it stops.
+        connections to the API server (and to Nomad, if it has a relay there) are reset, so
+        it cannot remove its peering record (nor give its leases back), then it stops.
 
         Revoking its token would not do: kube-apiserver caches a token's authentication
         for 10 s, so a revoked token keeps working that long."""
         replica.relay.cut()
+        if replica.nomad_relay is not None:
+            replica.nomad_relay.cut()
         await replica.stop(crashed=True)
 
     async def ready(self, replica: Replica) -> int:

@@ -1,4 +1,5 @@
-"""Two replicas configured as the chart configures them: --peering, random priorities."""
+"""Two replicas configured as the chart configures them with peering.enabled: --peering,
+random priorities (active/passive)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.operator.conftest import PEERING, Cluster, Replica, chart_operator_args
+from tests.operator.conftest import PEERING, PEERING_ON, Cluster, Replica, chart_operator_args
 from tests.support.documents import pool_doc
 from tests.support.waiting import wait_until
 
@@ -18,10 +19,10 @@ LIFETIME = 3  # seconds; the chart's replicas use controller.operator.PEERING_LI
 
 
 async def start_pair(cluster: Cluster, tmp_path: Path) -> tuple[Replica, Replica]:
-    args = chart_operator_args(namespace=cluster.namespace)
+    args = chart_operator_args(*PEERING_ON, namespace=cluster.namespace)
     assert "--peering" in args and "--priority" not in args  # random, distinct priorities
-    first = await cluster.start_chart_replica("a", tmp_path, LIFETIME)
-    second = await cluster.start_chart_replica("b", tmp_path, LIFETIME)
+    first = await cluster.start_chart_replica("a", tmp_path, LIFETIME, *PEERING_ON)
+    second = await cluster.start_chart_replica("b", tmp_path, LIFETIME, *PEERING_ON)
     assert first.controller.options.priority != second.controller.options.priority
     active, passive = sorted((first, second), key=lambda r: -r.controller.options.priority)
     # The higher priority wins (the first replica may be active alone until it sees the
@@ -46,6 +47,8 @@ async def pair_with_pool(
 
 async def start_with_priority(cluster: Cluster, name: str, priority: int) -> Replica:
     """A replica peering with a fixed priority instead of the chart's random one."""
+    if cluster.chart_values != PEERING_ON:
+        cluster.install_chart(*PEERING_ON)  # the peering object and its RBAC
     return await cluster.start_operator(
         "--namespace",
         cluster.namespace,

@@ -19,6 +19,7 @@ from tests.operator.conftest import (
     GROUP,
     JSON,
     PEERING,
+    PEERING_ON,
     PLURAL,
     Cluster,
     chart_operator_args,
@@ -80,19 +81,19 @@ async def test_a_whole_pool_lifecycle_stays_within_the_chart_rules(
         for r in cluster.requests()
         if r.get("objectRef")
     }
-    # What an operator replica needs: watch pools and peerings, patch finalizers and
-    # status, keep its peering record alive, post Events. Written as RBAC rules are:
-    # (API group, resource) and its verbs.
+    # What an operator replica needs: watch pools, patch finalizers and status, post
+    # Events; without kopf peering (the chart's default) nothing of kopf.dev. Written as
+    # RBAC rules are: (API group, resource) and its verbs.
     needs = {
         (GROUP, PLURAL): ("list", "watch", "patch"),
         (GROUP, f"{PLURAL}/status"): ("patch",),
         ("", "events"): ("create",),
-        ("kopf.dev", "kopfpeerings"): ("list", "watch", "patch"),
     }
     needed = {
         (verb, group, resource) for (group, resource), verbs in needs.items() for verb in verbs
     }
     assert needed <= used, needed - used
+    assert not [u for u in used if u[1] == "kopf.dev"]
     assert cluster.denied() == []
 
 
@@ -103,8 +104,9 @@ def _resource(ref: dict[str, str]) -> str:
 async def test_all_namespaces_with_the_charts_cluster_wide_rules(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    assert "--all-namespaces" in chart_operator_args(*ALL_NAMESPACES)
-    replica = await cluster.start_chart_replica("a", tmp_path, 3, *ALL_NAMESPACES)
+    values = (*ALL_NAMESPACES, *PEERING_ON)  # with the ClusterKopfPeering and its rules
+    assert "--all-namespaces" in chart_operator_args(*values)
+    replica = await cluster.start_chart_replica("a", tmp_path, 3, *values)
     await wait_until(lambda: replica.active, what="the replica to lead")
     elsewhere = cluster.create_namespace()
     # Pools of other tests' namespaces are gone, but the names are this test's own anyway:
