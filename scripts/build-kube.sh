@@ -55,7 +55,8 @@ hash=$(
   cd "$src"
   {
     echo "$go_version"
-    sha256sum "$script" go.mod go.sum ./*.go
+    sha256sum go.mod go.sum ./*.go
+    sha256sum <"$script" # the content, not the path: every checkout finds the same binary current
   } | sha256sum | cut -d' ' -f1
 )
 
