@@ -15,13 +15,7 @@ import pytest
 from controller.lab.chaos import run_tier_chaos
 from controller.lab.chaos.balancer import BalancerMissing, config, haproxy_binary
 from controller.lab.chaos.ledger import Kill, Ledger, Sent
-from controller.lab.chaos.report import (
-    TIER_BEGIN,
-    TIER_END,
-    render_tier_section,
-    tier_section,
-    with_tier_section,
-)
+from controller.lab.chaos.report import SHARED, TIER, render_tier_section
 from controller.lab.chaos.tier_soak import REPLICAS, TierProfile, kill_schedule
 
 # Set by .ci/run: there a missing HAProxy fails the soak's tests instead of skipping them.
@@ -143,17 +137,23 @@ def test_the_kills_come_from_the_seed_alone_one_replica_at_a_time() -> None:
 
 def test_each_soak_writes_its_own_part_of_the_page_and_keeps_the_others() -> None:
     classic = "# Reliability\n\nthe chaos soak's figures\n"
-    section = f"{TIER_BEGIN}\n\n## The API tier\n\nfirst\n\n{TIER_END}\n"
-    page = with_tier_section(classic, section)
+    section = f"{TIER.begin}\n\n## The API tier\n\nfirst\n\n{TIER.end}\n"
+    page = TIER.put(classic, section)
     assert page == classic + "\n" + section
-    assert tier_section(page) == section
-    again = with_tier_section(page, section.replace("first", "second"))
+    assert TIER.of(page) == section
+    again = TIER.put(page, section.replace("first", "second"))
     assert again == classic + "\n" + section.replace("first", "second")
     # The chaos soak renders its page anew and keeps the API tier's section.
-    assert with_tier_section("# Reliability\n\nnew figures\n", tier_section(again)).endswith(
-        "second\n\n" + TIER_END + "\n"
+    assert TIER.put("# Reliability\n\nnew figures\n", TIER.of(again)).endswith(
+        "second\n\n" + TIER.end + "\n"
     )
-    assert with_tier_section(classic, "") == classic
+    assert TIER.put(classic, "") == classic
+    # The shared reconcilers' section is another, kept by the API tier's.
+    shared = f"{SHARED.begin}\n\n## Shared\n\n{SHARED.end}\n"
+    both = SHARED.put(again, shared)
+    assert SHARED.of(both) == shared
+    assert TIER.of(both) == TIER.of(again)
+    assert SHARED.of(TIER.put(both, section)) == shared
 
 
 def test_haproxy_accepts_the_configuration(tmp_path: Path) -> None:
@@ -192,4 +192,4 @@ async def test_short_api_tier_soak_holds_every_goal(tmp_path: Path) -> None:
     assert report["runner_writes_by_non_holders"] == 0
     # The page renders from it.
     section = render_tier_section(report, "poolkeeper chaos --api-tier")
-    assert section.startswith(TIER_BEGIN) and section.rstrip().endswith(TIER_END)
+    assert section.startswith(TIER.begin) and section.rstrip().endswith(TIER.end)

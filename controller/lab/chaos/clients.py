@@ -8,7 +8,7 @@ import json
 import random
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -20,7 +20,7 @@ from controller.lab.chaos.faults import FaultedRunners
 from controller.lab.chaos.ledger import Ledger, Sent, describe
 from controller.lab.chaos.processes import TOKEN, ControllerProcess
 from controller.lab.chaos.violations import Violations
-from controller.lab.chaos.world import NAMESPACE, POOLS, PoolSpec
+from controller.lab.chaos.world import NAMESPACE, PoolSpec
 
 # The share of requests the second controller serves while it runs.
 RIVAL_SHARE = 0.3
@@ -127,6 +127,25 @@ class ControllerApi:
 
 
 @dataclass
+class AnyApi:
+    """Requests to one of the running processes, drawn at random for each request."""
+
+    processes: Sequence[ControllerProcess]
+    violations: Violations
+    routing: random.Random  # draws which process a request goes to
+
+    async def request(
+        self, http: aiohttp.ClientSession, method: str, path: str, body: Any = None
+    ) -> tuple[int, Any]:
+        running = [p for p in self.processes if p.proc is not None] or list(self.processes)
+        target = self.routing.choice(running)
+        status, text, _ = await _send(http, method, target.url + path, body)
+        if status == 0:
+            return 0, None
+        return status, _decoded(self.violations, method, path, status, text)
+
+
+@dataclass
 class BalancedApi:
     """Requests through the load balancer, each written down in the ledger. An answer
     HAProxy gave (no replica answered) reaches the client as no answer (status 0)."""
@@ -172,8 +191,10 @@ class Clients:
         api: Api,
         faulted: FaultedRunners,
         violations: Violations,
+        pools: Sequence[PoolSpec],
     ) -> None:
         self.seed = seed
+        self.pools = pools
         self.habits = habits
         self.api = api
         self.faulted = faulted
@@ -204,7 +225,7 @@ class Clients:
         while True:
             await self.claiming.wait()
             serial += 1
-            pool = rng.choice(POOLS)
+            pool = rng.choice(self.pools)
             request_id = f"s{self.seed}-c{number}-{serial}"
             held = await self.claim(http, pool, request_id, rng)
             if held is None:

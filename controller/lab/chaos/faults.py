@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from controller.lab.chaos.processes import ControllerProcess
 from controller.lab.chaos.schedule import FaultEvent
-from controller.lab.chaos.world import NAMESPACE, NODES, POOLS, START_DELAY, World
+from controller.lab.chaos.world import NAMESPACE, NODES, START_DELAY, World
 from controller.lab.simulator import Simulator
 
 T = TypeVar("T")
@@ -212,7 +212,9 @@ class Faults:
             return False
         holders = self.world.lease_holders()
         mine = f"/{process.proc.pid}"
-        return len(holders) == len(POOLS) and all(h.endswith(mine) for h in holders)
+        return len(holders) == len(self.world.pools) and all(
+            h.endswith(mine) for h in holders.values()
+        )
 
     async def _time_handover(self, signalled: float) -> None:
         """Seconds from the holder's SIGTERM until the running second controller holds
