@@ -305,20 +305,7 @@ class Clients:
                     continue
                 verb = rng.random()
                 if verb < 0.1:
-                    # The same requestId again (a client retrying): the same claim or a 410.
-                    status, payload = await self.api.request(
-                        http,
-                        "POST",
-                        f"/v1/pools/{held.pool}/claims",
-                        {"requestId": held.request_id},
-                    )
-                    self.stats.repeats += 1
-                    if status == 200 and payload["runnerId"] != held.runner_id:
-                        self.stats.double_claims += 1
-                        self.violations.add(
-                            f"request {held.request_id} answered again with runner "
-                            f"{payload['runnerId']}, first with {held.runner_id}"
-                        )
+                    status, payload = await self.repeat(http, held, rng)
                     if status in (200, 201):
                         continue
                     if status == 410 and self.ended(held, status, payload):
@@ -339,6 +326,27 @@ class Clients:
             await self.release(http, held, rng)
         finally:
             held.done = True
+
+    async def repeat(
+        self, http: aiohttp.ClientSession, held: HeldClaim, rng: random.Random
+    ) -> tuple[int, Any]:
+        """The same requestId again (a client retrying): the same claim or a 410. Tried
+        again while unanswered, as a client does whose retry went unanswered."""
+        for _ in range(self.habits.claim_attempts):
+            status, payload = await self.api.request(
+                http, "POST", f"/v1/pools/{held.pool}/claims", {"requestId": held.request_id}
+            )
+            self.stats.repeats += 1
+            if status == 200 and payload["runnerId"] != held.runner_id:
+                self.stats.double_claims += 1
+                self.violations.add(
+                    f"request {held.request_id} answered again with runner "
+                    f"{payload['runnerId']}, first with {held.runner_id}"
+                )
+            if status not in (0, 503):
+                break
+            await asyncio.sleep(rng.uniform(0.2, 0.8))
+        return status, payload
 
     async def execute(
         self, http: aiohttp.ClientSession, held: HeldClaim, rng: random.Random
