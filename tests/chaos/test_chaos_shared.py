@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from controller.cli import main as cli_main
-from controller.lab.chaos import run_shared_chaos
+from controller.lab.chaos import rendered, run_shared_chaos
 from controller.lab.chaos.report import SHARED, TIER, render_shared_section
 from controller.lab.chaos.shared_soak import SharedProfile, signal_schedule
 
@@ -79,6 +79,24 @@ def test_a_saved_report_renders_its_section_and_keeps_the_others(
     assert cli_main(["chaos", "--report", str(saved), "--markdown", str(page)]) == 2
     assert "is not a soak's report" in capsys.readouterr().err
     assert page.read_text() == text
+
+
+def test_the_chaos_soak_renders_its_page_anew_and_keeps_both_sections() -> None:
+    tier = f"{TIER.begin}\n\n## The API tier\n\n{TIER.end}\n"
+    shared = f"{SHARED.begin}\n\n## Shared\n\n{SHARED.end}\n"
+    old = "# Reliability\n\nold figures\n\n" + tier + "\n" + shared
+    classic = {
+        "seed": 1,
+        "faults_injected": {"sigkill": 2},
+        "max_runners_excess": {},
+        "sigterm_handover_seconds": [0.2],
+        "claims_ended": {"Released": 3},
+        "invariant_violations": [],
+    }
+    page = rendered(old, classic, "poolkeeper chaos --minutes 1 --seed 1 --markdown p.md")
+    assert "old figures" not in page
+    assert "| sigkill | 2 |" in page
+    assert (TIER.of(page), SHARED.of(page)) == (tier, shared)
 
 
 def _report() -> dict[str, object]:
