@@ -291,10 +291,25 @@ def build_parser() -> argparse.ArgumentParser:
     chaos.add_argument("--markdown", help="write docs/reliability.md from the report")
     chaos.add_argument("--workdir", help="keep the controller logs in this folder")
     chaos.add_argument(
+        "--report",
+        metavar="FILE",
+        help="run no soak: write --markdown from a report a soak wrote with --json",
+    )
+    chaos.add_argument(
         "--api-tier",
         action="store_true",
         help="the API tier soak: two `poolkeeper api` replicas behind HAProxy, one SIGKILLed "
         "at random every 20-60 s (needs haproxy: make haproxy)",
+    )
+    chaos.add_argument(
+        "--reconcilers",
+        type=int,
+        metavar="N",
+        help="the shared reconcilers' soak: N `poolkeeper run` processes on one pools file, "
+        "one at a time SIGKILLed or SIGTERMed and restarted",
+    )
+    chaos.add_argument(
+        "--pools", type=int, metavar="P", help="with --reconcilers: how many pools they share (30)"
     )
     chaos.set_defaults(handler=_command("controller.lab.chaos"))
 

@@ -6,23 +6,24 @@ from __future__ import annotations
 
 import itertools
 import os
+import random
 import subprocess
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
+import aiohttp
 import pytest
 
 from controller.lab.chaos import run_tier_chaos
 from controller.lab.chaos.balancer import BalancerMissing, config, haproxy_binary
+from controller.lab.chaos.clients import Clients, Habits, HeldClaim
+from controller.lab.chaos.faults import FaultedRunners
 from controller.lab.chaos.ledger import Kill, Ledger, Sent
-from controller.lab.chaos.report import (
-    TIER_BEGIN,
-    TIER_END,
-    render_tier_section,
-    tier_section,
-    with_tier_section,
-)
+from controller.lab.chaos.report import SHARED, TIER, render_tier_section
 from controller.lab.chaos.tier_soak import REPLICAS, TierProfile, kill_schedule
+from controller.lab.chaos.violations import Violations
+from controller.lab.chaos.world import POOLS
 
 # Set by .ci/run: there a missing HAProxy fails the soak's tests instead of skipping them.
 REQUIRE_HAPROXY: Final = "POOLKEEPER_REQUIRE_HAPROXY"
@@ -111,6 +112,19 @@ def test_each_failure_is_put_down_to_the_kill_it_met_or_is_unexplained() -> None
     assert summary["claims_failed_by_kills"] == 1
 
 
+def test_a_request_the_balancer_sent_to_a_replica_just_killed_is_the_kills() -> None:
+    # Sent right after the kill, on a connection the balancer kept to the replica: the
+    # balancer closes the client's connection without an answer and names no replica.
+    # Once the balancer has taken the replica out, such a failure is no kill's.
+    ledger = Ledger(origin=0.0)
+    ledger.kills.append(Kill("api-1", at=10.0, out_of_rotation_at=10.3, back_in_rotation_at=13.0))
+    just_after = sent("execution", "x", 10.01, 10.02, 0, "", from_replica=False)
+    taken_out = sent("execution", "y", 10.4, 10.41, 0, "", from_replica=False)
+    ledger.add(just_after)
+    ledger.add(taken_out)
+    assert ledger.causes() == [(just_after, "sent_to_dead"), (taken_out, "unexplained")]
+
+
 def test_a_waiting_repeat_is_the_kills_only_after_a_claim_the_kill_failed() -> None:
     ledger = Ledger(origin=0.0)
     ledger.kills.append(Kill("api-1", at=10.0, back_in_rotation_at=13.0))
@@ -143,17 +157,23 @@ def test_the_kills_come_from_the_seed_alone_one_replica_at_a_time() -> None:
 
 def test_each_soak_writes_its_own_part_of_the_page_and_keeps_the_others() -> None:
     classic = "# Reliability\n\nthe chaos soak's figures\n"
-    section = f"{TIER_BEGIN}\n\n## The API tier\n\nfirst\n\n{TIER_END}\n"
-    page = with_tier_section(classic, section)
+    section = f"{TIER.begin}\n\n## The API tier\n\nfirst\n\n{TIER.end}\n"
+    page = TIER.put(classic, section)
     assert page == classic + "\n" + section
-    assert tier_section(page) == section
-    again = with_tier_section(page, section.replace("first", "second"))
+    assert TIER.of(page) == section
+    again = TIER.put(page, section.replace("first", "second"))
     assert again == classic + "\n" + section.replace("first", "second")
     # The chaos soak renders its page anew and keeps the API tier's section.
-    assert with_tier_section("# Reliability\n\nnew figures\n", tier_section(again)).endswith(
-        "second\n\n" + TIER_END + "\n"
+    assert TIER.put("# Reliability\n\nnew figures\n", TIER.of(again)).endswith(
+        "second\n\n" + TIER.end + "\n"
     )
-    assert with_tier_section(classic, "") == classic
+    assert TIER.put(classic, "") == classic
+    # The shared reconcilers' section is another, kept by the API tier's.
+    shared = f"{SHARED.begin}\n\n## Shared\n\n{SHARED.end}\n"
+    both = SHARED.put(again, shared)
+    assert SHARED.of(both) == shared
+    assert TIER.of(both) == TIER.of(again)
+    assert SHARED.of(TIER.put(both, section)) == shared
 
 
 def test_haproxy_accepts_the_configuration(tmp_path: Path) -> None:
@@ -192,4 +212,56 @@ async def test_short_api_tier_soak_holds_every_goal(tmp_path: Path) -> None:
     assert report["runner_writes_by_non_holders"] == 0
     # The page renders from it.
     section = render_tier_section(report, "poolkeeper chaos --api-tier")
-    assert section.startswith(TIER_BEGIN) and section.rstrip().endswith(TIER_END)
+    assert section.startswith(TIER.begin) and section.rstrip().endswith(TIER.end)
+
+
+class _Scripted(random.Random):
+    """The low end of every range; `random()` from a script, then 0.5 (a keepalive)."""
+
+    def __init__(self, draws: list[float]) -> None:
+        super().__init__(0)
+        self.draws = iter(draws)
+
+    def uniform(self, a: float, b: float) -> float:
+        return a
+
+    def random(self) -> float:
+        return next(self.draws, 0.5)
+
+
+@dataclass
+class _FlakyApi:
+    """Answers a claim repeat first with no answer (a kill), then as the API does."""
+
+    runner_id: str
+    sent: list[tuple[str, str, int]] = field(default_factory=list)
+    repeats_failed: int = 0
+
+    async def request(
+        self, http: aiohttp.ClientSession, method: str, path: str, body: Any = None
+    ) -> tuple[int, Any]:
+        answer = {"runnerId": self.runner_id, "expiresAt": "2999-01-01T00:00:00Z"}
+        if path.endswith("/claims") and not self.repeats_failed:
+            self.repeats_failed += 1
+            status, payload = 0, None
+        elif method == "DELETE":
+            status, payload = 204, None
+        else:
+            status, payload = 200, answer
+        self.sent.append((method, path, status))
+        return status, payload
+
+
+async def test_a_claim_repeat_that_went_unanswered_is_retried_until_answered() -> None:
+    api = _FlakyApi("chaos-py-0123456789ab")
+    violations = Violations(0.0)
+    clients = Clients(1, Habits((10, 30)), api, FaultedRunners(), violations, POOLS)
+    clients.resume()
+    held = HeldClaim(api.runner_id, "default/chaos-py", "r1", expires_at=0.0)
+    async with aiohttp.ClientSession() as http:
+        # The first step is a repeat of the claim (random() < 0.1), then keepalives.
+        await clients.hold(http, held, _Scripted([0.05]))
+    repeats = [status for method, path, status in api.sent if path.endswith("/claims")]
+    assert repeats == [0, 200]  # retried at once, not left for the ledger as unrecovered
+    assert api.sent[-1] == ("DELETE", f"/v1/runners/{api.runner_id}", 204)
+    assert violations.messages == []

@@ -42,6 +42,10 @@ What is checked (exactly):
 
 `--api-tier` runs the API tier soak instead (tier_soak.py says what it does and checks):
 two `poolkeeper api` replicas behind HAProxy, one reconciler, API replicas SIGKILLed.
+
+`--reconcilers N` (with `--pools P`, 30 by default) runs the shared reconcilers' soak
+instead (shared_soak.py says what it does and checks): N `poolkeeper run` processes on one
+pools file of P pools, one at a time SIGKILLed or SIGTERMed and restarted.
 """
 
 # The parts, each in its own module: schedule (the faults drawn from the seed), world (the
@@ -50,7 +54,8 @@ two `poolkeeper api` replicas behind HAProxy, one reconciler, API replicas SIGKI
 # continuous checks), violations (the one list of findings), soak (the rounds, the final
 # leak check and the report) and report (docs/reliability.md). The API tier soak
 # (`--api-tier`, tier_soak.py: what it checks) adds balancer (HAProxy) and ledger (every
-# request through the balancer, and why each that failed failed).
+# request through the balancer, and why each that failed failed). The shared reconcilers'
+# soak (`--reconcilers`) is shared_soak.
 
 from __future__ import annotations
 
@@ -64,12 +69,15 @@ from typing import Any
 
 from controller.lab.chaos.balancer import BalancerMissing, haproxy_binary
 from controller.lab.chaos.report import (
+    SECTIONS,
+    SHARED,
+    TIER,
     render_markdown,
+    render_shared_section,
     render_tier_section,
-    tier_section,
-    with_tier_section,
 )
 from controller.lab.chaos.schedule import FAULT_KINDS, Profile, make_schedule
+from controller.lab.chaos.shared_soak import shared_soak
 from controller.lab.chaos.soak import soak
 from controller.lab.chaos.tier_soak import tier_soak
 
@@ -80,12 +88,14 @@ __all__ = [
     "make_schedule",
     "render_markdown",
     "run_chaos",
+    "run_shared_chaos",
     "run_tier_chaos",
 ]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+DEFAULT_SHARED_POOLS = 30
 # Left out of the summary printed: long lists that the JSON report keeps.
 DETAIL_KEYS = ("faults", "convergence_by_round", "kills", "failures")
 
@@ -106,10 +116,80 @@ async def run_tier_chaos(seed: int, minutes: float, workdir: Path | None = None)
         return await tier_soak(seed, minutes, Path(scratch))
 
 
+async def run_shared_chaos(
+    seed: int,
+    minutes: float,
+    workdir: Path | None = None,
+    *,
+    reconcilers: int = 3,
+    pools: int = DEFAULT_SHARED_POOLS,
+) -> dict[str, Any]:
+    """One shared reconcilers' soak; the processes' logs stay in `workdir` when one is given."""
+    if workdir is not None:
+        return await shared_soak(seed, minutes, workdir, reconcilers, pools)
+    with tempfile.TemporaryDirectory(prefix="poolkeeper-chaos-") as scratch:
+        return await shared_soak(seed, minutes, Path(scratch), reconcilers, pools)
+
+
+def _usage_error(args: argparse.Namespace) -> str | None:
+    if getattr(args, "report", None) is not None:
+        others = ("api_tier", "reconcilers", "pools", "json_file", "workdir")
+        if not getattr(args, "markdown", None) or any(getattr(args, o, None) for o in others):
+            return "--report renders a saved report: it goes with --markdown and nothing else"
+        return None
+    reconcilers = getattr(args, "reconcilers", None)
+    pools = getattr(args, "pools", None)
+    if reconcilers is None:
+        return "--pools needs --reconcilers" if pools is not None else None
+    if getattr(args, "api_tier", False):
+        return "--reconcilers and --api-tier are two different soaks: choose one"
+    if reconcilers < 2:
+        return f"--reconcilers must be at least 2 (to share the pools), not {reconcilers}"
+    if pools is not None and pools < reconcilers:
+        return f"--pools must be at least --reconcilers ({reconcilers}), not {pools}"
+    return None
+
+
+def rendered(old: str, report: dict[str, Any], command: str) -> str:
+    """docs/reliability.md (`old`) with the part the report's soak renders: each soak
+    renders its own part of the page and keeps the others'."""
+    variant = report.get("variant")
+    if variant == "api-tier":
+        return TIER.put(old, render_tier_section(report, command))
+    if variant == "shared-reconcilers":
+        return SHARED.put(old, render_shared_section(report, command))
+    page = render_markdown([report], command)
+    for section in SECTIONS:
+        page = section.put(page, section.of(old))
+    return page
+
+
+def render_saved(saved: Path, markdown: Path) -> int:
+    """Write `markdown` from a report a soak wrote with --json (it runs no soak)."""
+    try:
+        report = json.loads(saved.read_text())
+        command = report["command"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        print(f"poolkeeper chaos: {saved} is not a soak's report: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    old = markdown.read_text() if markdown.exists() else ""
+    both = f"{command} --json {saved} && poolkeeper chaos --report {saved} --markdown {markdown}"
+    markdown.write_text(rendered(old, report, both))
+    return EXIT_OK
+
+
 def main(args: argparse.Namespace) -> int:
     minutes = float(args.minutes)
     seed = int(args.seed)
     api_tier = bool(getattr(args, "api_tier", False))
+    reconcilers: int | None = getattr(args, "reconcilers", None)
+    pools = getattr(args, "pools", None) or DEFAULT_SHARED_POOLS
+    usage = _usage_error(args)
+    if usage is not None:
+        print(f"poolkeeper chaos: {usage}", file=sys.stderr)
+        return EXIT_USAGE
+    if getattr(args, "report", None) is not None:
+        return render_saved(Path(args.report), Path(args.markdown))
     if api_tier:
         try:
             haproxy_binary()
@@ -119,8 +199,13 @@ def main(args: argparse.Namespace) -> int:
     workdir = Path(args.workdir) if getattr(args, "workdir", None) else None
     if workdir is not None:
         workdir.mkdir(parents=True, exist_ok=True)
-    run = run_tier_chaos if api_tier else run_chaos
-    report = asyncio.run(run(seed, minutes, workdir))
+    if reconcilers is not None:
+        report = asyncio.run(
+            run_shared_chaos(seed, minutes, workdir, reconcilers=reconcilers, pools=pools)
+        )
+    else:
+        run = run_tier_chaos if api_tier else run_chaos
+        report = asyncio.run(run(seed, minutes, workdir))
     summary = {k: v for k, v in report.items() if k not in DETAIL_KEYS}
     print(json.dumps(summary, indent=2))
     json_file = getattr(args, "json_file", None)
@@ -130,15 +215,5 @@ def main(args: argparse.Namespace) -> int:
     if markdown:
         page = Path(markdown)
         old = page.read_text() if page.exists() else ""
-        command = (
-            f"python -m controller.lab.chaos{' --api-tier' if api_tier else ''} "
-            f"--minutes {minutes:g} --seed {seed} --markdown {markdown}"
-        )
-        # Each soak renders its own part of the page and keeps the other's.
-        if api_tier:
-            page.write_text(with_tier_section(old, render_tier_section(report, command)))
-        else:
-            page.write_text(
-                with_tier_section(render_markdown([report], command), tier_section(old))
-            )
+        page.write_text(rendered(old, report, f"{report['command']} --markdown {markdown}"))
     return EXIT_FAILURE if report["invariant_violations"] else EXIT_OK

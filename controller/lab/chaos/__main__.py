@@ -18,7 +18,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", dest="json_file")
     parser.add_argument("--markdown", help="write docs/reliability.md from the report")
     parser.add_argument("--workdir", help="keep the controller logs in this folder")
+    parser.add_argument("--report", help="write --markdown from a saved --json report")
     parser.add_argument("--api-tier", action="store_true", help="the API tier soak")
+    parser.add_argument("--reconcilers", type=int, help="the shared reconcilers' soak")
+    parser.add_argument("--pools", type=int, help="with --reconcilers: the pools (30)")
     return parser
 
 

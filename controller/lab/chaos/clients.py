@@ -8,7 +8,7 @@ import json
 import random
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -20,7 +20,7 @@ from controller.lab.chaos.faults import FaultedRunners
 from controller.lab.chaos.ledger import Ledger, Sent, describe
 from controller.lab.chaos.processes import TOKEN, ControllerProcess
 from controller.lab.chaos.violations import Violations
-from controller.lab.chaos.world import NAMESPACE, POOLS, PoolSpec
+from controller.lab.chaos.world import NAMESPACE, PoolSpec
 
 # The share of requests the second controller serves while it runs.
 RIVAL_SHARE = 0.3
@@ -127,6 +127,25 @@ class ControllerApi:
 
 
 @dataclass
+class AnyApi:
+    """Requests to one of the running processes, drawn at random for each request."""
+
+    processes: Sequence[ControllerProcess]
+    violations: Violations
+    routing: random.Random  # draws which process a request goes to
+
+    async def request(
+        self, http: aiohttp.ClientSession, method: str, path: str, body: Any = None
+    ) -> tuple[int, Any]:
+        running = [p for p in self.processes if p.proc is not None] or list(self.processes)
+        target = self.routing.choice(running)
+        status, text, _ = await _send(http, method, target.url + path, body)
+        if status == 0:
+            return 0, None
+        return status, _decoded(self.violations, method, path, status, text)
+
+
+@dataclass
 class BalancedApi:
     """Requests through the load balancer, each written down in the ledger. An answer
     HAProxy gave (no replica answered) reaches the client as no answer (status 0)."""
@@ -172,8 +191,10 @@ class Clients:
         api: Api,
         faulted: FaultedRunners,
         violations: Violations,
+        pools: Sequence[PoolSpec],
     ) -> None:
         self.seed = seed
+        self.pools = pools
         self.habits = habits
         self.api = api
         self.faulted = faulted
@@ -204,7 +225,7 @@ class Clients:
         while True:
             await self.claiming.wait()
             serial += 1
-            pool = rng.choice(POOLS)
+            pool = rng.choice(self.pools)
             request_id = f"s{self.seed}-c{number}-{serial}"
             held = await self.claim(http, pool, request_id, rng)
             if held is None:
@@ -284,20 +305,7 @@ class Clients:
                     continue
                 verb = rng.random()
                 if verb < 0.1:
-                    # The same requestId again (a client retrying): the same claim or a 410.
-                    status, payload = await self.api.request(
-                        http,
-                        "POST",
-                        f"/v1/pools/{held.pool}/claims",
-                        {"requestId": held.request_id},
-                    )
-                    self.stats.repeats += 1
-                    if status == 200 and payload["runnerId"] != held.runner_id:
-                        self.stats.double_claims += 1
-                        self.violations.add(
-                            f"request {held.request_id} answered again with runner "
-                            f"{payload['runnerId']}, first with {held.runner_id}"
-                        )
+                    status, payload = await self.repeat(http, held, rng)
                     if status in (200, 201):
                         continue
                     if status == 410 and self.ended(held, status, payload):
@@ -318,6 +326,27 @@ class Clients:
             await self.release(http, held, rng)
         finally:
             held.done = True
+
+    async def repeat(
+        self, http: aiohttp.ClientSession, held: HeldClaim, rng: random.Random
+    ) -> tuple[int, Any]:
+        """The same requestId again (a client retrying): the same claim or a 410. Tried
+        again while unanswered, as a client does whose retry went unanswered."""
+        for _ in range(self.habits.claim_attempts):
+            status, payload = await self.api.request(
+                http, "POST", f"/v1/pools/{held.pool}/claims", {"requestId": held.request_id}
+            )
+            self.stats.repeats += 1
+            if status == 200 and payload["runnerId"] != held.runner_id:
+                self.stats.double_claims += 1
+                self.violations.add(
+                    f"request {held.request_id} answered again with runner "
+                    f"{payload['runnerId']}, first with {held.runner_id}"
+                )
+            if status not in (0, 503):
+                break
+            await asyncio.sleep(rng.uniform(0.2, 0.8))
+        return status, payload
 
     async def execute(
         self, http: aiohttp.ClientSession, held: HeldClaim, rng: random.Random

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from controller.lab.chaos.processes import ControllerProcess
 from controller.lab.chaos.schedule import FaultEvent
-from controller.lab.chaos.world import NAMESPACE, NODES, POOLS, START_DELAY, World
+from controller.lab.chaos.world import NAMESPACE, NODES, START_DELAY, World
 from controller.lab.simulator import Simulator
 
 T = TypeVar("T")
@@ -191,6 +191,8 @@ class Faults:
         if self.controller.proc is None:
             return "controller already down"
         signalled = time.monotonic()
+        # The second controller may hold a share of the pools already (leases are spread
+        # over the live reconcilers): the controller hands over those it holds.
         if self.rival.proc is not None and self._holds_a_lease(self.controller):
             self._pending.append(asyncio.create_task(self._time_handover(signalled)))
         seconds = await self.controller.terminate()
@@ -206,27 +208,26 @@ class Faults:
         self._after(event.duration, self.rival.kill)
         return {"sigkill_after": round(event.duration, 2)}
 
-    def _holders(self, process: ControllerProcess) -> list[bool] | None:
-        """For each pool's lease held, whether the running incarnation of `process` holds
-        it (None while it does not run)."""
-        if process.proc is None:
-            return None
-        mine = f"/{process.proc.pid}"
-        return [holder.endswith(mine) for holder in self.world.lease_holders()]
-
     def _holds_a_lease(self, process: ControllerProcess) -> bool:
-        """Whether the running incarnation of `process` holds a pool's lease (the two
-        controllers share the pools, so each may hold some)."""
-        return any(self._holders(process) or ())
+        """Whether the running incarnation of `process` holds the lease of some pool."""
+        if process.proc is None:
+            return False
+        mine = f"/{process.proc.pid}"
+        return any(h.endswith(mine) for h in self.world.lease_holders().values())
 
     def _holds_every_lease(self, process: ControllerProcess) -> bool:
         """Whether the running incarnation of `process` holds the lease of every pool."""
-        holders = self._holders(process)
-        return holders is not None and len(holders) == len(POOLS) and all(holders)
+        if process.proc is None:
+            return False
+        holders = self.world.lease_holders()
+        mine = f"/{process.proc.pid}"
+        return len(holders) == len(self.world.pools) and all(
+            h.endswith(mine) for h in holders.values()
+        )
 
     async def _time_handover(self, signalled: float) -> None:
-        """Seconds from a holder's SIGTERM until the running second controller holds every
-        pool's lease (the stopped one released its share on the way out)."""
+        """Seconds from the holder's SIGTERM until the running second controller holds
+        every pool's lease (it released them on the way out)."""
         while time.monotonic() - signalled < HANDOVER_TIMEOUT_SECONDS:
             if self._holds_every_lease(self.rival):
                 self.handovers.append(round(time.monotonic() - signalled, 2))

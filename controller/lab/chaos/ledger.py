@@ -11,7 +11,9 @@ put down to one cause:
   replica, a replica was killed meanwhile);
 * `sent_to_dead`: it went to a killed replica after its death and before the balancer had
   put the restarted one back (a refused connection: the balancer retries nothing, and
-  takes a replica out at its first refused connection);
+  takes a replica out at its first refused connection), or, sent after the kill and
+  before the balancer took the replica out, it was closed without an answer naming no
+  replica (the balancer had sent it on a connection it kept to the dead replica);
 * `waiting_for_claimer`: a repeated claim whose requestId an earlier attempt, one that
   failed for one of the causes above, had taken; the repeat waits for that attempt's
   claimer, which died, until the request record's `servedUntil` and then takes it over;
@@ -46,6 +48,11 @@ class Kill:
     out_of_rotation_at: float | None = None
     restarted_at: float | None = None
     back_in_rotation_at: float | None = None
+
+    def in_rotation_dead(self, moment: float) -> bool:
+        """Whether at `moment` the replica was dead but the balancer had not taken it out."""
+        out = self.out_of_rotation_at
+        return self.at <= moment and (out is None or moment <= out)
 
     def dead_at(self, moment: float) -> bool:
         """Whether a request sent at `moment` could reach this replica dead."""
@@ -125,6 +132,10 @@ class Ledger:
                 return "in_flight"
             refused = not sent.from_replica and kill.dead_at(sent.started)
             if refused and kill.replica == sent.replica:
+                return "sent_to_dead"
+            # Sent after the kill on a connection the balancer kept to the dead replica,
+            # before it took the replica out: closed without an answer, again unnamed.
+            if unnamed and kill.in_rotation_dead(sent.started):
                 return "sent_to_dead"
         if (
             sent.kind == "claim"

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from controller.lab.chaos.clients import Clients
 from controller.lab.chaos.faults import FaultedRunners
 from controller.lab.chaos.processes import ControllerProcess
 from controller.lab.chaos.violations import Violations
-from controller.lab.chaos.world import POOLS, World
+from controller.lab.chaos.world import World
 
 SURGE = 20  # the engine's per-pass creation surge (Engine(surge=20))
 RESTART_GRACE_SECONDS = 10.0
@@ -23,13 +24,14 @@ class Monitor:
     its claim became a tombstone whose reason fits."""
 
     world: World
-    controller: ControllerProcess
+    controllers: Sequence[ControllerProcess]  # those that reconcile
     clients: Clients
     faulted: FaultedRunners
     violations: Violations
-    max_excess: dict[str, int] = field(
-        init=False, default_factory=lambda: {p.key: 0 for p in POOLS}
-    )
+    max_excess: dict[str, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.max_excess = {p.key: 0 for p in self.world.pools}
 
     async def run(self) -> None:
         """Until cancelled."""
@@ -41,8 +43,9 @@ class Monitor:
         claims = self.world.claims()
         # The one tolerance: for a while after a controller start, an excess of up to one
         # pass's surge is not a violation (it still counts in max_excess).
-        grace = time.monotonic() - self.controller.started_at < RESTART_GRACE_SECONDS
-        for pool in POOLS:
+        last_start = max(c.started_at for c in self.controllers)
+        grace = time.monotonic() - last_start < RESTART_GRACE_SECONDS
+        for pool in self.world.pools:
             total = self.world.runners(pool)
             excess = total - pool.max_runners
             if excess > 0:

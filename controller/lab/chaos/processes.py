@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from controller.lab.chaos.world import NAMESPACE, POOLS
+from controller.lab.chaos.world import NAMESPACE, POOLS, PoolSpec
 
 TOKEN = "chaos-token"
 RESYNC_SECONDS = 2.0
@@ -29,7 +29,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def pools_file(folder: Path, extra_idle: int) -> Path:
+def pools_file(folder: Path, extra_idle: int, pools: tuple[PoolSpec, ...] = POOLS) -> Path:
     """The soak's pools as RunnerPool documents, `extra_idle` more idle runners each."""
     path = folder / "pools.yaml"
     documents = [
@@ -45,7 +45,7 @@ def pools_file(folder: Path, extra_idle: int) -> Path:
                 "runner": {"image": f"{p.name}:latest"},
             },
         }
-        for p in POOLS
+        for p in pools
     ]
     path.write_text(yaml.safe_dump_all(documents))
     return path
@@ -56,7 +56,15 @@ class ControllerProcess:
 
     name = "controller"  # of its logs and its exits
 
-    def __init__(self, workdir: Path, sim_url: str, port: int, pools_file: Path | None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        sim_url: str,
+        port: int,
+        pools_file: Path | None,
+        name: str | None = None,
+    ) -> None:
+        self.name = name or self.name
         self.workdir = workdir
         self.sim_url = sim_url
         self.port = port

@@ -32,6 +32,7 @@ from controller.lab.chaos.world import (
     POOLS,
     REQUESTS_PREFIX,
     START_DELAY,
+    PoolSpec,
     World,
     converged,
 )
@@ -42,7 +43,7 @@ from controller.lab.simulator import SimServer, Simulator, start_sim
 WAITING_RECORD_LIFE = FORGET_AFTER + timedelta(seconds=3 * RESYNC_SECONDS + 5)
 
 
-def _percentile(values: Sequence[float], share: float) -> float | None:
+def percentile(values: Sequence[float], share: float) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
@@ -60,24 +61,28 @@ async def soak(seed: int, minutes: float, workdir: Path) -> dict[str, Any]:
 class SoakRun:
     """What every soak shares: the simulator (`server`, stopped by the soak), what Nomad
     holds (the world), the violations, the wait for convergence, the final leak check and
-    the checks of the processes' exits, logs and writes. A soak sets `habits`, `api` and
-    `processes` before it runs."""
+    the checks of the processes' exits, logs and writes, and the claims never answered. A
+    soak sets `habits`, `api`, `clients` and `processes` before it runs."""
 
     habits: Habits
     api: Api
+    clients: Clients
     processes: tuple[ControllerProcess, ...]
 
-    def __init__(self, seed: int, minutes: float, server: SimServer) -> None:
+    def __init__(
+        self, seed: int, minutes: float, server: SimServer, pools: tuple[PoolSpec, ...] = POOLS
+    ) -> None:
         self.seed = seed
         self.minutes = minutes
         self.server = server
         self.sim = server.sim
-        self.world = World(self.sim)
+        self.world = World(self.sim, pools)
         self.started = time.monotonic()
         self.violations = Violations(self.started)
         self.leaked_runners = 0
         self.leaked_records = 0
         self.records_left: dict[str, int] = {}
+        self.claimed_request_ids: set[str] = set()  # every requestId a claim in Nomad carried
 
     async def wait_converged(self, what: str, bound: float) -> dict[str, float] | None:
         """Seconds until each pool converged, or None (a violation) after `bound`."""
@@ -85,20 +90,40 @@ class SoakRun:
         times: dict[str, float] = {}
         while True:
             claims = self.world.claims()
-            for pool in POOLS:
+            for pool in self.world.pools:
                 if pool.key not in times and converged(pool, self.world.pool_state(pool, claims)):
                     times[pool.key] = round(time.monotonic() - started, 2)
-            if len(times) == len(POOLS):
+            if len(times) == len(self.world.pools):
                 return times
             if time.monotonic() - started > bound:
                 states = {
-                    p.key: self.world.pool_state(p, claims) for p in POOLS if p.key not in times
+                    p.key: self.world.pool_state(p, claims)
+                    for p in self.world.pools
+                    if p.key not in times
                 }
                 self.violations.add(
                     f"{what}: pools did not converge within {bound:.0f} s: {states}"
                 )
                 return None
             await asyncio.sleep(0.1)
+
+    async def hold_converged(self, seconds: float, what: str) -> None:
+        """Without faults and claims a converged pool stays converged."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            claims = self.world.claims()
+            for pool in self.world.pools:
+                state = self.world.pool_state(pool, claims)
+                if (
+                    state["idle"] != pool.idle
+                    or state["starting"]
+                    or state["total"] > pool.max_runners
+                ):
+                    self.violations.add_once(
+                        f"unstable:{what}:{pool.key}",
+                        f"{what}: pool {pool.key} left convergence without a fault: {state}",
+                    )
+            await asyncio.sleep(0.2)
 
     async def finish(self, http: aiohttp.ClientSession) -> None:
         """Everything released, unanswered claims expired: nothing may be left."""
@@ -111,7 +136,7 @@ class SoakRun:
             live = [r for r, items in claims.items() if items.get("state", "claimed") == "claimed"]
             leaks: list[str] = [f"live claim variable of runner {r}" for r in sorted(live)]
             leaked_runners = len(live)
-            for pool in POOLS:
+            for pool in self.world.pools:
                 state = self.world.pool_state(pool, claims)
                 extra = state["total"] - state["idle"] + max(0, state["idle"] - pool.idle)
                 leaked_runners += max(0, extra)
@@ -139,12 +164,22 @@ class SoakRun:
             self.violations.add(f"GET /v1/pools answered {status} at the end")
             return
         for entry in payload["pools"]:
-            known = next((p for p in POOLS if p.name == entry["name"]), None)
+            known = next((p for p in self.world.pools if p.name == entry["name"]), None)
             if known is not None and entry["status"].get("idleRunners") != known.idle:
                 self.violations.add(
                     f"controller reports {entry['status'].get('idleRunners')} idle runners "
                     f"for {known.key}, Nomad holds {known.idle}"
                 )
+
+    def note_claimed_request_ids(self) -> None:
+        """The requestIds of the claims Nomad holds now (a watcher's, several times a second)."""
+        for items in self.world.claims().values():
+            if items.get("requestId"):
+                self.claimed_request_ids.add(items["requestId"])
+
+    def never_answered(self) -> set[str]:
+        """The requestIds of claims Nomad held that no client was answered."""
+        return self.claimed_request_ids - set(self.clients.claimed_by.values())
 
     def overdue_waiting_records(self) -> list[str]:
         """Waiting records a reconciler should have deleted by now (a dead replica's)."""
@@ -197,9 +232,11 @@ class Soak(SoakRun):
             self.controller, self.rival, self.violations, random.Random(seed ^ 0xB1A5)
         )
         self.faults = Faults(self.sim, self.world, self.controller, self.rival)
-        self.clients = Clients(seed, self.habits, self.api, self.faults.hit, self.violations)
+        self.clients = Clients(
+            seed, self.habits, self.api, self.faults.hit, self.violations, self.world.pools
+        )
         self.monitor = Monitor(
-            self.world, self.controller, self.clients, self.faults.hit, self.violations
+            self.world, (self.controller,), self.clients, self.faults.hit, self.violations
         )
         self.convergence: list[float] = []
         self.convergence_rounds: list[dict[str, Any]] = []
@@ -238,24 +275,6 @@ class Soak(SoakRun):
             await self.server.stop()
         self.check_controllers()
         return self.report()
-
-    async def hold_converged(self, seconds: float, what: str) -> None:
-        """Without faults and claims a converged pool stays converged."""
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            claims = self.world.claims()
-            for pool in POOLS:
-                state = self.world.pool_state(pool, claims)
-                if (
-                    state["idle"] != pool.idle
-                    or state["starting"]
-                    or state["total"] > pool.max_runners
-                ):
-                    self.violations.add_once(
-                        f"unstable:{what}:{pool.key}",
-                        f"{what}: pool {pool.key} left convergence without a fault: {state}",
-                    )
-            await asyncio.sleep(0.2)
 
     async def play_round(self, round_: Round) -> None:
         """The fault window with the clients at work, then every fault off, the clients
@@ -299,7 +318,8 @@ class Soak(SoakRun):
             "rounds": self.rounds_played,
             "rounds_scheduled": len(self.schedule),
             "pools": [
-                {"pool": p.key, "idleRunners": p.idle, "maxRunners": p.max_runners} for p in POOLS
+                {"pool": p.key, "idleRunners": p.idle, "maxRunners": p.max_runners}
+                for p in self.world.pools
             ],
             "faults_injected": dict(sorted(faults.injected.items())),
             "claims_served": stats.claims_served,
@@ -317,8 +337,8 @@ class Soak(SoakRun):
             "runner_writes_by_non_holders": len(self.sim.audit.by_non_holders()),
             "initial_fill_seconds": self.initial_fill_seconds,
             "convergence_samples": len(self.convergence),
-            "convergence_p50_seconds": _percentile(self.convergence, 0.5),
-            "convergence_p99_seconds": _percentile(self.convergence, 0.99),
+            "convergence_p50_seconds": percentile(self.convergence, 0.5),
+            "convergence_p99_seconds": percentile(self.convergence, 0.99),
             "convergence_max_seconds": max(self.convergence, default=None),
             "runners_leaked": self.leaked_runners,
             "request_records_leaked": self.leaked_records,

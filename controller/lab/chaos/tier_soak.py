@@ -117,9 +117,12 @@ class TierSoak(SoakRun):
         self.api = BalancedApi(self.balancer.url, self.violations, self.ledger)
         # No fault touches a runner here: a claim may end `lost` for no reason at all.
         faulted = FaultedRunners()
-        self.clients = Clients(seed, self.habits, self.api, faulted, self.violations)
-        self.monitor = Monitor(self.world, self.reconciler, self.clients, faulted, self.violations)
-        self.claimed_request_ids: set[str] = set()  # every requestId a claim in Nomad carried
+        self.clients = Clients(
+            seed, self.habits, self.api, faulted, self.violations, self.world.pools
+        )
+        self.monitor = Monitor(
+            self.world, (self.reconciler,), self.clients, faulted, self.violations
+        )
         self.load_average: list[float] = [round(x, 2) for x in os.getloadavg()]
         self.initial_fill_seconds = 0.0
 
@@ -228,9 +231,7 @@ class TierSoak(SoakRun):
         """Until cancelled: the requestIds of the claims in Nomad, and the waiting records
         a reconciler should have deleted."""
         while True:
-            for items in self.world.claims().values():
-                if items.get("requestId"):
-                    self.claimed_request_ids.add(items["requestId"])
+            self.note_claimed_request_ids()
             for overdue in self.overdue_waiting_records():
                 self.violations.add_once(overdue, overdue)
             await asyncio.sleep(MONITOR_INTERVAL)
@@ -254,9 +255,6 @@ class TierSoak(SoakRun):
             self.violations.add(f"{write} by the API tier")
         if self.clients.stats.claims_given_up:
             self.violations.add(f"{self.clients.stats.claims_given_up} claims given up")
-
-    def never_answered(self) -> set[str]:
-        return self.claimed_request_ids - set(self.clients.claimed_by.values())
 
     def writes_by_api_tier(self) -> list[str]:
         return [

@@ -14,12 +14,12 @@ from controller.core.catalog import (
     CatalogError,
     WaitingRecord,
 )
+from controller.core.leases import lease_path
 from controller.lab.simulator import Simulator
 
 NAMESPACE = "default"
 CLAIMS_PREFIX = "poolkeeper/claims/"
 REQUESTS_PREFIX = "poolkeeper/requests/"
-LEASES_PREFIX = "poolkeeper/leases/"
 META_POOL = "poolkeeper_pool"
 NODES = ("sim-node-1", "sim-node-2", "sim-node-3", "sim-node-4")
 START_DELAY = 0.2  # seconds the simulator takes to start an allocation (but in slow_starts)
@@ -41,6 +41,12 @@ class PoolSpec:
 
 
 POOLS = (PoolSpec("chaos-py", 3, 8), PoolSpec("chaos-node", 2, 6), PoolSpec("chaos-go", 4, 10))
+
+
+def many_pools(count: int) -> tuple[PoolSpec, ...]:
+    """`count` small pools (1 or 2 idle runners, at most 5): the shared reconcilers' soak."""
+    return tuple(PoolSpec(f"shared-{n:02d}", 1 + n % 2, 5) for n in range(count))
+
 
 # Runner ID -> the items of its claim variable, plus the variable's `_modify_time` (ns).
 Claims = dict[str, dict[str, str]]
@@ -68,10 +74,12 @@ def converged(pool: PoolSpec, state: PoolState) -> bool:
 
 
 class World:
-    """Nomad's jobs, allocations and variables of the soak's pools, from the simulator."""
+    """Nomad's jobs, allocations and variables of the soak's pools (`pools`), from the
+    simulator."""
 
-    def __init__(self, sim: Simulator) -> None:
+    def __init__(self, sim: Simulator, pools: tuple[PoolSpec, ...] = POOLS) -> None:
         self.sim = sim
+        self.pools = pools
 
     def pool_jobs(self, pool: PoolSpec) -> list[dict[str, Any]]:
         pattern = re.compile(re.escape(pool.prefix) + "[0-9a-f]{12}")
@@ -83,7 +91,7 @@ class World:
 
     def runner_job_ids(self) -> list[str]:
         """Every pool's runner jobs, dead or not, sorted."""
-        return sorted(job["ID"] for pool in POOLS for job in self.pool_jobs(pool))
+        return sorted(job["ID"] for pool in self.pools for job in self.pool_jobs(pool))
 
     def runners(self, pool: PoolSpec) -> int:
         """The pool's non-dead runner jobs: what `maxRunners` bounds."""
@@ -133,13 +141,15 @@ class World:
             "doorbell": sum(1 for p in paths if p == DOORBELL_PATH),
         }
 
-    def lease_holders(self) -> list[str]:
-        """The holder identity of every pool lease that is locked."""
-        return [
-            str((var.get("Items") or {}).get("holder", ""))
-            for path, var in self.sim.variables(NAMESPACE).items()
-            if path.startswith(LEASES_PREFIX) and var.get("Lock")
-        ]
+    def lease_holders(self) -> dict[str, str]:
+        """Pool key -> the holder identity of its lease, for every pool whose lease is locked."""
+        variables = self.sim.variables(NAMESPACE)
+        holders = {}
+        for pool in self.pools:
+            lease = variables.get(lease_path(pool.key))
+            if lease is not None and lease.get("Lock"):
+                holders[pool.key] = str((lease.get("Items") or {}).get("holder", ""))
+        return holders
 
     def running_allocations(self) -> list[dict[str, Any]]:
         """The running allocations of every pool's runners, sorted by allocation ID."""
