@@ -32,7 +32,7 @@ from controller.lab import bench
 from controller.lab.bench import Result, Run, ms, percentile, ratio, repeated
 from controller.lab.bench_clients import Samples
 from controller.lab.bench_tier import ReconcilerOptions, Tier, balancer, claim_urls, tiers
-from controller.lab.bench_tier import haproxy_program as haproxy
+from controller.lab.chaos.balancer import BalancerMissing, haproxy_binary
 from controller.standalone import Controller
 
 log = logging.getLogger(__name__)
@@ -205,9 +205,11 @@ async def throughput(
 
 async def balanced(run: Run, tier: Tier) -> None:
     """The most clients against two API replicas behind HAProxy (`claim.balanced.*`;
-    `claim.balanced.haproxy` is 0 where there is no haproxy to start)."""
-    if haproxy() is None:
-        run.say("claims: no haproxy on PATH: two replicas behind a balancer not measured")
+    `claim.balanced.haproxy` is 0 where there is no HAProxy to start)."""
+    try:
+        haproxy_binary()
+    except BalancerMissing as missing:
+        run.say(f"claims: two replicas behind a balancer not measured: {missing}")
         run.out["claim.balanced.haproxy"] = 0.0
         return
     run.out["claim.balanced.haproxy"] = 1.0

@@ -8,9 +8,9 @@ claims from it, optionally behind HAProxy.
   says, back to back (bench_scale.py).
 - Each **API replica** is a child process running `controller.api_tier.ApiTier`, the
   object `poolkeeper api` runs.
-- The **balancer** is HAProxy from the system's packages, started on loopback with a
-  generated configuration (round robin over the replicas, one thread) and stopped again;
-  where no `haproxy` is on PATH the benchmark says so and measures without it.
+- The **balancer** is the API tier soak's HAProxy (chaos/balancer.py: the same binary
+  finder and configuration, round robin over the replicas), started on loopback and
+  stopped again; where there is no HAProxy the benchmark says so and measures without it.
 
 Claims reach the reconciler as they do in a deployment: through Nomad (the claim
 variables it lists every pass, and the doorbell it follows with a blocking read).
@@ -22,8 +22,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
-import socket
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -37,6 +35,8 @@ import aiohttp
 
 from controller.lab import bench
 from controller.lab.bench import NAMESPACE, Child, PassiveController
+from controller.lab.chaos.balancer import Balancer
+from controller.lab.chaos.processes import free_port
 from controller.nomad.config import NomadConfig
 from controller.standalone import Controller
 
@@ -290,83 +290,30 @@ async def tiers(sim_url: str, options: ReconcilerOptions) -> AsyncIterator[Tier]
 
 # ---- HAProxy --------------------------------------------------------------------------------
 
-HAPROXY_CONFIG = """\
-global
-    nbthread 1
-    maxconn 4096
-
-defaults
-    mode http
-    option http-keep-alive
-    timeout connect 5s
-    timeout client 120s
-    timeout server 120s
-
-frontend claims
-    bind 127.0.0.1:{port}
-    default_backend api
-
-backend api
-    balance roundrobin
-{servers}
-"""
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def haproxy_config(port: int, backends: Sequence[str]) -> str:
-    servers = []
-    for i, url in enumerate(backends, 1):
-        parts = urlsplit(url)
-        servers.append(f"    server api{i} {parts.hostname}:{parts.port}")
-    return HAPROXY_CONFIG.format(port=port, servers="\n".join(servers))
-
-
-def haproxy_program() -> str | None:
-    """The `haproxy` on PATH, if any (Debian's package installs one)."""
-    return shutil.which("haproxy")
-
 
 @contextlib.asynccontextmanager
 async def balancer(backends: Sequence[str]) -> AsyncIterator[str]:
-    """HAProxy on a free loopback port, round robin over `backends`: its URL."""
-    program = haproxy_program()
-    if program is None:
-        raise RuntimeError("no haproxy on PATH")
-    port = free_port()
+    """The API tier soak's HAProxy (chaos/balancer.py: its binary, its configuration) on a
+    free loopback port in front of `backends`: its URL, once every backend is in its
+    rotation. Raises BalancerMissing where there is no HAProxy."""
+    ports = [int(urlsplit(url).port or 0) for url in backends]
     with tempfile.TemporaryDirectory(prefix="poolkeeper-bench-haproxy-") as folder:
-        config = Path(folder) / "haproxy.cfg"
-        config.write_text(haproxy_config(port, backends))
-        process = await asyncio.create_subprocess_exec(
-            program, "-db", "-f", str(config),
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+        proxy = Balancer(Path(folder), free_port(), ports)
+        await proxy.start()
         try:
-            await _listening(process, port)
-            yield f"http://127.0.0.1:{port}"
+            await _in_rotation(proxy, len(ports))
+            yield proxy.url
         finally:
-            if process.returncode is None:
-                process.terminate()
-            await process.wait()
+            await proxy.stop()
 
 
-async def _listening(process: asyncio.subprocess.Process, port: int) -> None:
+async def _in_rotation(proxy: Balancer, count: int) -> None:
     deadline = time.monotonic() + 10
-    while True:
-        if process.returncode is not None:
-            assert process.stderr is not None
-            error = (await process.stderr.read()).decode(errors="replace")
-            raise RuntimeError(f"haproxy exited with {process.returncode}: {error[-500:]}")
-        with contextlib.suppress(OSError):
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.close()
-            return
+    while sum(server.up for server in await proxy.servers()) < count:
+        if proxy.exited() is not None:
+            raise RuntimeError(f"haproxy exited with {proxy.exited()}: {proxy.log_text()[-500:]}")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"haproxy did not listen on port {port} within 10 s")
+            raise RuntimeError("haproxy did not take every API replica within 10 s")
         await asyncio.sleep(0.05)
 
 
