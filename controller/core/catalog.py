@@ -4,8 +4,9 @@ records and their items; the I/O is in engine/catalog.py and directory/.
 
 - `poolkeeper/catalog/<namespace>~<name>`: a pool as its lease holder publishes it for
   the API tier: its spec (without `jobTemplate`, which only the reconciler renders), its
-  status, the runners it offers to claims (at most OFFER_LIMIT, current ones first) and
-  the draining nodes they run on. Written when any of that changes, and at least every
+  status, the runners it offers to claims (current ones first, as many as fit in the
+  variable: Nomad takes at most VARIABLE_BYTES of items) and the draining nodes they run
+  on. Written when any of that changes, and at least every
   REPUBLISH_SECONDS; deleted when the pool goes; a record nobody has published for
   STALE_SECONDS is deleted by any reconciler (its pool is reconciled nowhere).
 - `poolkeeper/waiting/<replica>`: the claim requests an API replica holds waiting, per
@@ -40,9 +41,13 @@ RECONCILER_RECORDS: Final = (CATALOG_PREFIX, MEMBERS_PREFIX)
 WAITING_PREFIX: Final = "poolkeeper/waiting/"
 DOORBELL_PATH: Final = "poolkeeper/doorbell"
 
-# Runners a record offers: enough for the claims of many passes, and a record well below
-# Nomad's 64 KiB per variable.
-OFFER_LIMIT: Final = 200
+# Nomad refuses a variable whose items (keys and values) add up to more than 64 KiB.
+VARIABLE_BYTES: Final = 64 * 1024
+# Room a record leaves unused, for the JSON of its write and for safety.
+VARIABLE_SLACK_BYTES: Final = 1024
+# Runners a pass hands to a record at most: more than fit (a row is at least about 55
+# bytes), so the record's size is what bounds its offer, at a bounded cost to encode.
+OFFER_LIMIT: Final = 2000
 REPUBLISH_SECONDS: Final = 60.0
 STALE_SECONDS: Final = 600.0
 # A waiting record counts until this long after its last refresh.
@@ -72,17 +77,13 @@ class CatalogRecord:
     conflict: str | None = None  # a prefix conflict's message: it hands out nothing
 
     def to_items(self) -> dict[str, str]:
+        """The record's items, its offer cut to what fits in one variable after the
+        others (current runners first)."""
         items = {
             "pool": self.key,
             "document": _dump(self.document),
             "active": "true" if self.active else "false",
             "status": _dump(self.status),
-            "offer": _dump(
-                {
-                    "current": _offered_rows(self.offer.current),
-                    "rest": _offered_rows(self.offer.rest),
-                }
-            ),
             "drainingNodes": _dump(
                 {n: format_time(d) if d else "" for n, d in sorted(self.draining_nodes.items())}
             ),
@@ -91,6 +92,8 @@ class CatalogRecord:
         }
         if self.conflict is not None:
             items["conflict"] = self.conflict
+        used = sum(len(k) + len(v.encode()) for k, v in items.items()) + len("offer")
+        items["offer"] = encode_offer(self.offer, VARIABLE_BYTES - VARIABLE_SLACK_BYTES - used)
         return items
 
     def same_content(self, other: CatalogRecord | None) -> bool:
@@ -103,18 +106,17 @@ class CatalogRecord:
         try:
             document = json.loads(items["document"])
             status = json.loads(items["status"])
-            offer = json.loads(items["offer"])
             nodes = json.loads(items["drainingNodes"])
             if not isinstance(document, dict) or not isinstance(status, dict):
                 raise CatalogError("document and status must be objects")
-            if not isinstance(offer, dict) or not isinstance(nodes, dict):
-                raise CatalogError("offer and drainingNodes must be objects")
+            if not isinstance(nodes, dict):
+                raise CatalogError("drainingNodes must be an object")
             return cls(
                 key=_text(items, "pool"),
                 document=document,
                 active=items["active"] == "true",
                 status=status,
-                offer=Offer(_offered(offer.get("current")), _offered(offer.get("rest"))),
+                offer=decode_offer(json.loads(items["offer"])),
                 draining_nodes={
                     str(name): parse_time(when) if when else None for name, when in nodes.items()
                 },
@@ -141,31 +143,89 @@ def without_job_template(document: Mapping[str, Any]) -> dict[str, Any]:
     return copied
 
 
-def _offered_rows(group: tuple[Offered, ...]) -> list[list[Any]]:
-    rows: list[list[Any]] = []
-    for o in group:
-        row: list[Any] = [o.runner_id, o.allocation_id, o.allocation_restarts, o.node_name]
-        if o.start is not None:
-            row += [o.start.registered_ns, o.start.seconds]
-        rows.append(row)
-    return rows
+def encode_offer(offer: Offer, room: int) -> str:
+    """The offer as its record carries it, in at most `room` bytes: the runners' common ID
+    prefix (their pool's job prefix) and node names once, each runner a row `[ID suffix,
+    allocation ID, restarts, node index]` plus `[registeredNs, startSeconds]` where its
+    start is known. Rows that do not fit are left out, the rest's before the current's."""
+    while True:
+        text = _dump(_offer_object(offer))
+        if len(text) <= room or not len(offer):
+            return text
+        # Rows are alike in size: cut in proportion, a little more, until it fits.
+        keep = min(len(offer) - 1, int(len(offer) * room / len(text) * 0.98))
+        offer = offer.capped(max(0, keep))
 
 
-def _offered(rows: Any) -> tuple[Offered, ...]:
-    if not isinstance(rows, list):
-        raise CatalogError("an offer group must be a list")
-    offered: list[Offered] = []
-    for row in rows:
-        if not isinstance(row, list) or len(row) not in (4, 6):
-            raise CatalogError(f"an offered runner must be a list of 4 or 6: {row!r}")
-        runner_id, allocation_id, restarts, node_name = row[:4]
-        if not all(isinstance(v, str) for v in (runner_id, allocation_id, node_name)):
-            raise CatalogError(f"an offered runner's IDs must be strings: {row!r}")
-        if not isinstance(restarts, int):
-            raise CatalogError(f"an offered runner's restarts must be a number: {row!r}")
-        start = StartSample(int(row[4]), float(row[5])) if len(row) == 6 else None
-        offered.append(Offered(runner_id, allocation_id, restarts, node_name, start))
-    return tuple(offered)
+def _offer_object(offer: Offer) -> dict[str, Any]:
+    everyone = (*offer.current, *offer.rest)
+    prefix = _common_prefix([o.runner_id for o in everyone])
+    nodes = sorted({o.node_name for o in everyone})
+    index = {name: i for i, name in enumerate(nodes)}
+
+    def rows(group: tuple[Offered, ...]) -> list[list[Any]]:
+        found: list[list[Any]] = []
+        for o in group:
+            row: list[Any] = [
+                o.runner_id[len(prefix) :],
+                o.allocation_id,
+                o.allocation_restarts,
+                index[o.node_name],
+            ]
+            if o.start is not None:
+                row += [o.start.registered_ns, round(o.start.seconds, 3)]
+            found.append(row)
+        return found
+
+    return {
+        "prefix": prefix,
+        "nodes": nodes,
+        "current": rows(offer.current),
+        "rest": rows(offer.rest),
+    }
+
+
+def _common_prefix(texts: list[str]) -> str:
+    """The longest prefix of every text (the smallest and largest share it)."""
+    if not texts:
+        return ""
+    low, high = min(texts), max(texts)
+    length = 0
+    while length < len(low) and low[length] == high[length]:
+        length += 1
+    return low[:length]
+
+
+def decode_offer(value: Any) -> Offer:
+    if not isinstance(value, dict):
+        raise CatalogError("offer must be an object")
+    prefix, nodes = value.get("prefix"), value.get("nodes")
+    if not isinstance(prefix, str):
+        raise CatalogError("an offer's prefix must be a string")
+    if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
+        raise CatalogError("an offer's nodes must be a list of names")
+
+    def offered(rows: Any) -> tuple[Offered, ...]:
+        if not isinstance(rows, list):
+            raise CatalogError("an offer group must be a list")
+        found: list[Offered] = []
+        for row in rows:
+            if not isinstance(row, list) or len(row) not in (4, 6):
+                raise CatalogError(f"an offered runner must be a list of 4 or 6: {row!r}")
+            suffix, allocation_id, restarts, node = row[:4]
+            if not isinstance(suffix, str) or not isinstance(allocation_id, str):
+                raise CatalogError(f"an offered runner's IDs must be strings: {row!r}")
+            if not isinstance(restarts, int) or not isinstance(node, int):
+                raise CatalogError(
+                    f"an offered runner's restarts and node must be numbers: {row!r}"
+                )
+            if not 0 <= node < len(nodes):
+                raise CatalogError(f"an offered runner's node is not listed: {row!r}")
+            start = StartSample(int(row[4]), float(row[5])) if len(row) == 6 else None
+            found.append(Offered(prefix + suffix, allocation_id, restarts, nodes[node], start))
+        return tuple(found)
+
+    return Offer(offered(value.get("current")), offered(value.get("rest")))
 
 
 @dataclass(frozen=True)

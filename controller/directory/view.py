@@ -55,8 +55,8 @@ class PoolEntry(Protocol):
 
     @property
     def more_than_offered(self) -> bool:
-        """It had more claimable runners than its offer lists (the catalog caps an offer):
-        once those are taken, the next offer lists others."""
+        """It had more claimable runners than its offer lists (a catalog record holds what
+        fits in one Nomad variable): once those are taken, the next offer lists others."""
 
     @property
     def waiting(self) -> WaitingClaims:

@@ -115,6 +115,8 @@ class CatalogPublisher:
     ) -> CatalogRecord:
         pool = managed.pool
         takes_claims = managed.active and managed.conflict is None
+        # Capped before it is compared with what was written: the record's size cuts it
+        # further when it is written (core/catalog.py).
         offer = managed.offer.capped(OFFER_LIMIT) if takes_claims else EMPTY
         on = {o.node_name for o in (*offer.current, *offer.rest)} | {
             r.allocation.node_name for r in managed.runners if r.allocation is not None

@@ -122,7 +122,7 @@ async def test_200_concurrent_claims_for_50_runners_across_two_replicas(harness,
 async def test_claims_beyond_a_capped_offer_take_the_pools_other_idle_runners(
     harness: Harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A catalog record offers at most OFFER_LIMIT runners of a pool that has more: once
+    """A catalog record offers only what fits of a pool that has more (here 3): once
     a replica took those, a claim waits for the next record rather than answer PoolEmpty
     while the pool has idle runners."""
     monkeypatch.setattr("controller.engine.catalog.OFFER_LIMIT", 3)

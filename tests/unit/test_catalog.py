@@ -4,6 +4,7 @@ each abandoned request once."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -11,6 +12,8 @@ from typing import Any
 import pytest
 
 from controller.core.catalog import (
+    VARIABLE_BYTES,
+    VARIABLE_SLACK_BYTES,
     CatalogError,
     CatalogRecord,
     WaitingRecord,
@@ -81,10 +84,23 @@ def corrupt(name: str, value: str | None) -> dict[str, str]:
         corrupt("document", "{not json"),
         corrupt("document", "[]"),
         corrupt("status", "3"),
-        corrupt("offer", '{"current": 1, "rest": []}'),
-        corrupt("offer", '{"current": [["py-1", "a", 0]], "rest": []}'),
-        corrupt("offer", '{"current": [["py-1", "a", "zero", "n"]], "rest": []}'),
-        corrupt("offer", '{"current": [[1, "a", 0, "n"]], "rest": []}'),
+        corrupt("offer", "[]"),
+        corrupt("offer", '{"prefix": "py-", "nodes": ["n"], "current": 1, "rest": []}'),
+        corrupt("offer", '{"nodes": ["n"], "current": [], "rest": []}'),
+        corrupt("offer", '{"prefix": "py-", "nodes": [1], "current": [], "rest": []}'),
+        corrupt(
+            "offer", '{"prefix": "py-", "nodes": ["n"], "current": [["1", "a", 0]], "rest": []}'
+        ),
+        corrupt(
+            "offer",
+            '{"prefix": "py-", "nodes": ["n"], "current": [["1", "a", "0", 0]], "rest": []}',
+        ),
+        corrupt(
+            "offer", '{"prefix": "py-", "nodes": ["n"], "current": [[1, "a", 0, 0]], "rest": []}'
+        ),
+        corrupt(
+            "offer", '{"prefix": "py-", "nodes": ["n"], "current": [["1", "a", 0, 1]], "rest": []}'
+        ),
         corrupt("drainingNodes", '{"n1": "yesterday"}'),
         corrupt("publishedAt", "soon"),
         corrupt("pool", ""),
@@ -109,6 +125,57 @@ def test_an_offer_capped_keeps_the_current_runners_first() -> None:
     capped = Offer(current, rest).capped(4)
     assert (capped.current, capped.rest) == (current, rest[:1])
     assert capped.runner_ids == {o.runner_id for o in (*current, *rest[:1])}
+
+
+def offered(count: int, prefix: str, *, start: bool, first: int = 0) -> tuple[Offered, ...]:
+    """Runners as large as they come: the longest job prefix, a start each."""
+    return tuple(
+        Offered(
+            f"{prefix}{first + i:012x}",
+            f"{first + i:08x}-0000-4000-8000-000000000000",
+            i % 3,
+            f"nomad-client-{i % 40:03d}.zone-a.example.internal",
+            StartSample(1_796_000_000_000_000_000 + i, 12.345678) if start else None,
+        )
+        for i in range(count)
+    )
+
+
+@pytest.mark.parametrize("start", [False, True])
+def test_an_offer_fills_the_variable_and_no_more(start: bool) -> None:
+    prefix = "p" * 62 + "-"  # the longest job prefix a pool may have
+    big = record(
+        offer=Offer(
+            offered(1500, prefix, start=start), offered(500, prefix, start=start, first=9000)
+        ),
+        document={"spec": {"poseidon": {"env": {"X": "é" * 2000}}}},  # bytes, not characters
+    )
+    items = big.to_items()
+    size = sum(len(k) + len(v.encode()) for k, v in items.items())
+    assert size <= VARIABLE_BYTES - VARIABLE_SLACK_BYTES
+    kept = CatalogRecord.from_items(items).offer
+    # Nearly all of the room used, and the current runners kept first.
+    assert size > 0.97 * (VARIABLE_BYTES - VARIABLE_SLACK_BYTES)
+    assert kept.rest == ()
+    assert [o.runner_id for o in kept.current] == [
+        o.runner_id for o in big.offer.current[: len(kept.current)]
+    ]
+    assert len(kept) > (700 if not start else 500)
+
+
+def test_an_offer_that_fits_is_carried_whole() -> None:
+    whole = record(
+        offer=Offer(offered(300, "py-", start=True), offered(2, "py-", start=False, first=500))
+    )
+    decoded = CatalogRecord.from_items(whole.to_items()).offer
+    assert decoded == Offer(
+        tuple(
+            dataclasses.replace(o, start=StartSample(o.start.registered_ns, 12.346))
+            for o in whole.offer.current
+            if o.start
+        ),
+        whole.offer.rest,
+    )
 
 
 def waiting(replica: str, arrivals: int, abandoned: int, expires: datetime) -> WaitingRecord:
