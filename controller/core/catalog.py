@@ -197,13 +197,25 @@ def _common_prefix(texts: list[str]) -> str:
 
 
 def decode_offer(value: Any) -> Offer:
+    """An offer in the compact form above, or in the earlier one a holder of the previous
+    release still writes during an upgrade: no `prefix` or `nodes`, every row `[runner ID,
+    allocation ID, restarts, node name]`."""
     if not isinstance(value, dict):
         raise CatalogError("offer must be an object")
-    prefix, nodes = value.get("prefix"), value.get("nodes")
+    earlier = "prefix" not in value and "nodes" not in value
+    prefix, nodes = ("", None) if earlier else (value.get("prefix"), value.get("nodes"))
     if not isinstance(prefix, str):
         raise CatalogError("an offer's prefix must be a string")
-    if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
+    if not earlier and not (isinstance(nodes, list) and all(isinstance(n, str) for n in nodes)):
         raise CatalogError("an offer's nodes must be a list of names")
+
+    def node_name(row: list[Any]) -> str:
+        node = row[3]
+        if nodes is None and isinstance(node, str):
+            return node
+        if nodes is not None and isinstance(node, int) and 0 <= node < len(nodes):
+            return str(nodes[node])
+        raise CatalogError(f"an offered runner's node is not listed: {row!r}")
 
     def offered(rows: Any) -> tuple[Offered, ...]:
         if not isinstance(rows, list):
@@ -212,17 +224,13 @@ def decode_offer(value: Any) -> Offer:
         for row in rows:
             if not isinstance(row, list) or len(row) not in (4, 6):
                 raise CatalogError(f"an offered runner must be a list of 4 or 6: {row!r}")
-            suffix, allocation_id, restarts, node = row[:4]
+            suffix, allocation_id, restarts = row[:3]
             if not isinstance(suffix, str) or not isinstance(allocation_id, str):
                 raise CatalogError(f"an offered runner's IDs must be strings: {row!r}")
-            if not isinstance(restarts, int) or not isinstance(node, int):
-                raise CatalogError(
-                    f"an offered runner's restarts and node must be numbers: {row!r}"
-                )
-            if not 0 <= node < len(nodes):
-                raise CatalogError(f"an offered runner's node is not listed: {row!r}")
+            if not isinstance(restarts, int):
+                raise CatalogError(f"an offered runner's restarts must be a number: {row!r}")
             start = StartSample(int(row[4]), float(row[5])) if len(row) == 6 else None
-            found.append(Offered(prefix + suffix, allocation_id, restarts, nodes[node], start))
+            found.append(Offered(prefix + suffix, allocation_id, restarts, node_name(row), start))
         return tuple(found)
 
     return Offer(offered(value.get("current")), offered(value.get("rest")))

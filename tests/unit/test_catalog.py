@@ -101,6 +101,8 @@ def corrupt(name: str, value: str | None) -> dict[str, str]:
         corrupt(
             "offer", '{"prefix": "py-", "nodes": ["n"], "current": [["1", "a", 0, 1]], "rest": []}'
         ),
+        corrupt("offer", '{"current": [["py-1", "a", 0, 0]], "rest": []}'),
+        corrupt("offer", '{"prefix": "py-", "current": [], "rest": []}'),
         corrupt("drainingNodes", '{"n1": "yesterday"}'),
         corrupt("publishedAt", "soon"),
         corrupt("pool", ""),
@@ -176,6 +178,19 @@ def test_an_offer_that_fits_is_carried_whole() -> None:
         ),
         whole.offer.rest,
     )
+
+
+def test_an_offer_in_the_earlier_form_still_decodes() -> None:
+    """During an upgrade a holder of the previous release writes whole runner IDs and node
+    names, with no `prefix` or `nodes`: an upgraded API replica still offers its runners."""
+    items = record().to_items()
+    items["offer"] = json.dumps(
+        {
+            "current": [["py-000000000001", "a1", 0, "n1", 10**18, 1.5]],
+            "rest": [["py-000000000002", "a2", 3, "n2"]],
+        }
+    )
+    assert CatalogRecord.from_items(items).offer == record().offer
 
 
 def waiting(replica: str, arrivals: int, abandoned: int, expires: datetime) -> WaitingRecord:
