@@ -114,7 +114,9 @@ async def test_two_active_replicas_share_the_pools_and_only_holders_write(
     a_pools = sorted(p for p, h in holders.items() if h == identity(a))
     url = f"{b.controller.url}/v1/pools/{cluster.namespace}/{a_pools[0]}/claims"
     headers = {"Authorization": "Bearer api-token"}  # start_chart_replica's token file
-    async with cluster.http.post(url, json={}, headers=headers) as response:
+    # b may not have seen a's runner start yet (the statuses name their holders before
+    # every pool is full): the claim waits for one.
+    async with cluster.http.post(url, json={"waitSeconds": 20}, headers=headers) as response:
         assert response.status == 201, await response.text()
 
     # A change to every pool: each status is written, by its holder only.
