@@ -30,7 +30,7 @@ import json
 import logging
 import random
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -209,6 +209,21 @@ def _skip_space(text: str, position: int) -> int:
     return match.end() if match else position
 
 
+# Job prefixes are lowercase letters, digits and "-" (docs/reference.md): literal in Go's
+# regular expressions and inside a filter's quoted string, so nothing needs escaping.
+_JOB_PREFIX_PATTERN = re.compile(r"[a-z0-9-]+\Z")
+
+
+def _job_id_filter(job_prefixes: Sequence[str]) -> str:
+    """A filter expression for the objects whose JobID starts with one of the prefixes."""
+    for prefix in job_prefixes:
+        if not _JOB_PREFIX_PATTERN.match(prefix):
+            raise ValueError(f"not a job prefix: {prefix!r}")
+    alternatives = "|".join(sorted(set(job_prefixes)))
+    # An empty alternation would match every job: match none instead.
+    return f'JobID matches "^(?:{alternatives})"' if job_prefixes else 'JobID == ""'
+
+
 class NomadClient:
     """Async Nomad calls; see the module docstring for the transport and retry rules."""
 
@@ -257,9 +272,10 @@ class NomadClient:
 
     # -- public API ------------------------------------------------------------------
 
-    async def list_jobs(self, namespace: str) -> list[dict[str, Any]]:
-        """The namespace's job stubs with Meta (`meta=true`); consistent read."""
-        params = {"namespace": namespace, "meta": "true"}
+    async def list_jobs(self, namespace: str, prefix: str = "") -> list[dict[str, Any]]:
+        """The namespace's job stubs with Meta (`meta=true`), only those whose ID starts
+        with `prefix` if one is given; consistent read."""
+        params = {"namespace": namespace, "meta": "true", "prefix": prefix or None}
         return (await self._list("/v1/jobs", "/v1/jobs", params))[0]
 
     async def job_evaluations(self, job_id: str, namespace: str) -> list[dict[str, Any]]:
@@ -269,9 +285,15 @@ class NomadClient:
         outcome = await self._call("GET", "/v1/job/:id/evaluations", path, params)
         return list(outcome.body or [])
 
-    async def list_allocations(self, namespace: str) -> list[dict[str, Any]]:
-        """The namespace's allocation stubs with task states; consistent read."""
+    async def list_allocations(
+        self, namespace: str, job_prefixes: Sequence[str] | None = None
+    ) -> list[dict[str, Any]]:
+        """The namespace's allocation stubs with task states; consistent read. With
+        `job_prefixes`, only the allocations of jobs whose ID starts with one of them (a
+        filter Nomad evaluates, so the rest never crosses the wire)."""
         params = {"namespace": namespace, "task_states": "true"}
+        if job_prefixes is not None:
+            params["filter"] = _job_id_filter(job_prefixes)
         return (await self._list("/v1/allocations", "/v1/allocations", params))[0]
 
     async def read_allocation(self, allocation_id: str, namespace: str) -> dict[str, Any] | None:

@@ -8,6 +8,7 @@ variable, if any).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -83,11 +84,13 @@ class Locks(VariableWatch, Protocol):
 class NomadPort(JobWriter, Variables, Locks, Protocol):
     """Everything the engine calls: the writers above, and the lists a pass observes."""
 
-    async def list_jobs(self, namespace: str) -> list[dict[str, Any]]: ...
+    async def list_jobs(self, namespace: str, prefix: str = "") -> list[dict[str, Any]]: ...
 
     async def job_evaluations(self, job_id: str, namespace: str) -> list[dict[str, Any]]: ...
 
-    async def list_allocations(self, namespace: str) -> list[dict[str, Any]]: ...
+    async def list_allocations(
+        self, namespace: str, job_prefixes: Sequence[str] | None = None
+    ) -> list[dict[str, Any]]: ...
 
     async def list_nodes(self) -> list[dict[str, Any]]: ...
 
