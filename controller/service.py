@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import functools
 import logging
 import os
@@ -17,13 +18,14 @@ from typing import Any
 
 from controller import __version__
 from controller.claims.store import ClaimStore
-from controller.core.catalog import replica_segment
+from controller.core.catalog import catalog_path, replica_segment
 from controller.core.events import EventSink, PoolEvent
 from controller.core.leases import DEFAULT_TTL_SECONDS, MIN_TTL_SECONDS
 from controller.core.readiness import Readiness
 from controller.core.times import utcnow
+from controller.directory.catalog import CatalogDirectory
 from controller.directory.doorbell import CLAIMS, ENVIRONMENTS, WAITING, Doorbell, DoorbellWatch
-from controller.directory.waiting import WaitingReader
+from controller.directory.waiting import WaitingPublisher, WaitingReader
 from controller.engine.directory import EngineDirectory
 from controller.engine.engine import Clock, Engine
 from controller.engine.publish import StatusSink
@@ -109,8 +111,20 @@ class Service:
             store=store,
             watcher=self.sessions.watch,
         )
-        self.doorbell = Doorbell(self.client, home, replica_segment(self.identity()), clock)
-        self.directory = EngineDirectory(self.engine, ring=self._ring_claims)
+        replica = replica_segment(self.identity())
+        self.doorbell = Doorbell(self.client, home, replica, clock)
+        # Pools other reconcilers hold are offered from the catalog they publish.
+        self._waiting_here = WaitingPublisher(self.client, home, replica, clock, self.doorbell)
+        self.catalog = CatalogDirectory(
+            self.sessions.watch,
+            home,
+            self.doorbell,
+            self._waiting_here,
+            clock=clock,
+            own=self._published_here,
+            wanted=self._held_elsewhere,
+        )
+        self.directory = EngineDirectory(self.engine, ring=self._ring_claims, catalog=self.catalog)
         poseidon = settings.poseidon
         self.environments = (
             EnvironmentStore(
@@ -159,10 +173,26 @@ class Service:
         does not)."""
         return True
 
+    def _held_elsewhere(self) -> bool:
+        """Whether a pool this process defines is reconciled by another (offered from the
+        catalog)."""
+        return not all(self.engine.writes(key) for key in self.engine.pools)
+
+    def _published_here(self) -> set[str]:
+        return {catalog_path(key) for key in self.engine.pools if self.engine.writes(key)}
+
+    def readiness(self) -> Readiness:
+        """The engine's, and pools held elsewhere count as not read until the catalog
+        offers them (claims for them are served from there)."""
+        ready = self.engine.readiness()
+        unoffered = tuple(k for k in self.directory.unoffered() if k not in ready.unobserved)
+        return dataclasses.replace(ready, unobserved=ready.unobserved + unoffered)
+
     async def serve_api(self, ready: Callable[[], Readiness]) -> str:
         """Start the one listener for API, health and metrics, and follow what API
-        replicas tell the reconcilers; returns the listener's URL."""
+        replicas tell the reconcilers and the catalog; returns the listener's URL."""
         url = await self.api.serve(ready)
+        self.catalog.start()
         self._doorbell_watch.start()
         self._waiting_refresh.start()
         return url
@@ -269,6 +299,8 @@ class Service:
         await self.stop_environments()
         await self.stop_watchers()
         await self.engine.stop()
+        await self.catalog.stop()
         await self.api.close()
+        await self._waiting_here.close()
         await self.doorbell.close()
         await self.sessions.close()

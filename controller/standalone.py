@@ -51,7 +51,7 @@ class Controller(Service):
 
     async def start(self) -> str:
         await self.load_pools(initial=True)
-        url = await self.serve_api(self.engine.readiness)
+        url = await self.serve_api(self.readiness)
         await self.start_environments(first_read=self.settings.prune)
         self._resuming = asyncio.create_task(self.resume_drains())
         await self.engine.start()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -121,17 +121,23 @@ class ClaimStore:
         cache.entries[record.path] = _Cached(record.modify_index, record)
 
     async def read_all(
-        self, namespace: str, metas: list[dict[str, Any]] | None = None
+        self,
+        namespace: str,
+        metas: list[dict[str, Any]] | None = None,
+        *,
+        within: Sequence[str] | None = None,
     ) -> tuple[dict[str, ClaimRecord], set[str]]:
         """The namespace's claims by runner ID, and the runner IDs of malformed ones,
         reading only the variables that changed since this store last saw them. `metas`
-        is the variable list when the caller already has it."""
+        is the variable list when the caller already has it; `within`: the path prefixes
+        that list was narrowed to (what is cached of other paths stays)."""
         if metas is None:
             metas = await self._port.list_variables(CLAIMS_PREFIX, namespace)
         cache = self._caches.setdefault(namespace, _NamespaceCache())
         present = {meta["Path"]: int(meta.get("ModifyIndex", 0)) for meta in metas}
+        listed = tuple(within) if within is not None else ("",)
         for path in list(cache.entries):
-            if path not in present:
+            if path not in present and path.startswith(listed):
                 del cache.entries[path]
         stale = [
             path

@@ -109,3 +109,14 @@ class LeaseState:
             and own_spec
             and self.holder_spec != own_spec
         )
+
+    def speaks_here(self, resource: str, speaker: bool) -> bool:
+        """Whether this process writes what the pool's `resource` shows (its status,
+        Events): as the lease's holder; where the holder writes to another resource (a
+        pool file's holder beside this RunnerPool: LeaseHeldElsewhere is said only here);
+        or, while no live process holds it, as the `speaker` of the live reconcilers."""
+        if self.standing is LeaseStanding.HELD:
+            return True
+        if self.standing is LeaseStanding.ELSEWHERE:
+            return not resource or self.holder_resource != resource
+        return speaker

@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 FOLLOW_GAP_SECONDS: Final = 0.025
 WAIT_SECONDS: Final = 8.0
 RETRY_SECONDS: Final = (0.5, 5.0)
+UNWANTED_CHECK_SECONDS: Final = 0.25
 
 
 class CatalogPool:
@@ -108,8 +109,16 @@ class CatalogDirectory:
         waiting: WaitingPublisher,
         *,
         clock: Callable[[], datetime] = utcnow,
+        own: Callable[[], set[str]] = set,
+        wanted: Callable[[], bool] = lambda: True,
     ) -> None:
+        """`own`: the paths of records this process publishes itself (a reconciler's, for
+        the pools it holds): not read back; `wanted`: whether the catalog is to be followed
+        now (a reconciler holding every pool it defines needs none of it, and a blocking
+        list of the catalog wakes on every variable written)."""
         self._port = port
+        self._own = own
+        self._wanted = wanted
         self._home = home_namespace
         self._doorbell = doorbell
         self._publisher = waiting
@@ -131,6 +140,10 @@ class CatalogDirectory:
     async def _follow(self) -> None:
         index, pause = 0, RETRY_SECONDS[0]
         while True:
+            if not self._wanted():
+                index = 0  # read it all again once wanted
+                await asyncio.sleep(UNWANTED_CHECK_SECONDS)
+                continue
             try:
                 metas, index = await self._port.wait_variables(
                     CATALOG_PREFIX, self._home, index, WAIT_SECONDS
@@ -151,7 +164,10 @@ class CatalogDirectory:
 
     async def _take(self, metas: list[dict[str, Any]]) -> None:
         """Read the records that changed; forget those that went."""
-        present = {str(m["Path"]): int(m.get("ModifyIndex", 0)) for m in metas}
+        own = self._own()
+        present = {
+            path: int(m.get("ModifyIndex", 0)) for m in metas if (path := str(m["Path"])) not in own
+        }
         changed = [p for p, i in present.items() if self._indexes.get(p) != i]
         variables = await asyncio.gather(
             *(self._port.read_variable(path, self._home) for path in changed)

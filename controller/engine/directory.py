@@ -1,7 +1,11 @@
 """The engine as the claim path's pool directory (controller/directory/view.py), in a
 process that reconciles: pools are those the engine registered, offered from its own
 passes. A claim or release hints the engine's own loop; where another process holds the
-pool's lease, the doorbell tells that process too (it alone writes the pool's jobs)."""
+pool's lease, the doorbell tells that process too (it alone writes the pool's jobs).
+
+Reconcilers that share pools by lease observe only the pools they hold (engine/observe.py):
+a pool another process holds is offered as its holder publishes it in the catalog (the
+API tier's directory, directory/catalog.py), as an API replica would offer it."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from controller.core.offers import Offer
 from controller.core.problems import PoolProblem
 from controller.core.views import NodeView
 from controller.core.waiting import WaitingClaims
+from controller.directory.catalog import CatalogDirectory
 from controller.directory.view import PoolEntry
 from controller.engine.engine import Engine
 from controller.engine.registry import PoolView
@@ -78,12 +83,78 @@ class EnginePool:
         return self._view.waiting
 
 
+class HeldElsewhere:
+    """A pool another process holds, as a reconciler that also defines it offers it: its
+    runners, offer and counts as the holder published them; its conditions this process's
+    own (`LeaseHeldElsewhere`, and whether its spec differs from the holder's)."""
+
+    __slots__ = ("_own", "_published")
+
+    def __init__(self, published: PoolEntry, own: PoolView) -> None:
+        self._published = published
+        self._own = own
+
+    @property
+    def key(self) -> str:
+        return self._published.key
+
+    @property
+    def namespace(self) -> str:
+        return self._published.namespace
+
+    @property
+    def job_prefix(self) -> str:
+        return self._published.job_prefix
+
+    @property
+    def pool(self) -> RunnerPool | None:
+        return self._published.pool
+
+    @property
+    def active(self) -> bool:
+        return self._published.active
+
+    @property
+    def conflict(self) -> PoolProblem | None:
+        return self._published.conflict
+
+    @property
+    def status(self) -> Mapping[str, Any]:
+        own = self._own.status
+        if own is None:
+            return self._published.status
+        mine = own.to_dict()
+        return {**self._published.status, "conditions": mine["conditions"]}
+
+    @property
+    def observed(self) -> bool:
+        return self._published.observed
+
+    @property
+    def offer(self) -> Offer:
+        return self._published.offer
+
+    @property
+    def more_than_offered(self) -> bool:
+        return self._published.more_than_offered
+
+    @property
+    def waiting(self) -> WaitingClaims:
+        return self._published.waiting
+
+
 class _Entries(Mapping[str, PoolEntry]):
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, catalog: CatalogDirectory | None) -> None:
         self._engine = engine
+        self._catalog = catalog
 
     def __getitem__(self, key: str) -> PoolEntry:
-        return EnginePool(self._engine.pools[key])
+        view = self._engine.pools[key]
+        if self._catalog is not None and not self._engine.writes(key):
+            published = self._catalog.pools.get(key)
+            if published is not None:
+                return HeldElsewhere(published, view)
+        return EnginePool(view)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._engine.pools)
@@ -93,16 +164,23 @@ class _Entries(Mapping[str, PoolEntry]):
 
 
 class EngineDirectory:
-    def __init__(self, engine: Engine, ring: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        ring: Callable[[str], None] | None = None,
+        catalog: CatalogDirectory | None = None,
+    ) -> None:
         """`ring`: tells the reconcilers of other processes that a pool's claims changed
-        (the doorbell, when one is configured)."""
+        (the doorbell, when one is configured); `catalog`: where the pools other processes
+        hold are offered (None: the engine observes every pool it registered)."""
         self._engine = engine
         self._ring = ring
-        self.pools: Mapping[str, PoolEntry] = _Entries(engine)
+        self._catalog = catalog
+        self.pools: Mapping[str, PoolEntry] = _Entries(engine, catalog)
 
     def pool_for_runner(self, runner_id: str) -> PoolEntry | None:
         view = self._engine.pool_for_runner(runner_id)
-        return EnginePool(view) if view is not None else None
+        return self.pools.get(view.key) if view is not None else None
 
     def clock(self) -> datetime:
         return self._engine.clock()
@@ -126,12 +204,32 @@ class EngineDirectory:
         self._changed(entry)
 
     async def wait_for_offer(self, key: str, within: float) -> None:
-        await self._engine.wait_for_observation(key, within)
+        if self._catalog is not None and not self._engine.writes(key):
+            await self._catalog.wait_for_offer(key, within)
+        else:
+            await self._engine.wait_for_observation(key, within)
 
     def keep_claims_in_use(self, in_use: Callable[[str], bool]) -> None:
         self._engine.keep_claims_in_use(in_use)
 
+    def unoffered(self) -> list[str]:
+        """Active pools another process holds that the catalog does not offer (yet)."""
+        if self._catalog is None:
+            return []
+        return [
+            key
+            for key, view in self._engine.pools.items()
+            if view.active
+            and view.conflict is None
+            and not self._engine.writes(key)
+            and key not in self._catalog.pools
+        ]
+
     def _changed(self, entry: PoolEntry) -> None:
-        self._engine.hint_namespace(entry.namespace)
-        if self._ring is not None and not self._engine.writes(entry.key):
+        """Its reconciler looks at the pool now: this process's own loop, unless the pool's
+        holder elsewhere (rung) publishes its offer; the doorbell tells that holder."""
+        held_here = self._engine.writes(entry.key)
+        if held_here or self._catalog is None:
+            self._engine.hint_namespace(entry.namespace)
+        if self._ring is not None and not held_here:
             self._ring(entry.key)

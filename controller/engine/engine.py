@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from controller.claims.store import ClaimStore
 from controller.core.catalog import WaitingRecord
 from controller.core.events import EventSink, PoolEvent
-from controller.core.leases import DEFAULT_TTL_SECONDS, LeaseStanding
+from controller.core.leases import DEFAULT_TTL_SECONDS
 from controller.core.problems import PoolProblem
 from controller.core.readiness import Readiness, assess
 from controller.core.runner_ids import is_runner_id
@@ -224,11 +224,15 @@ class Engine:
     def readiness(self) -> Readiness:
         """What this process does now, and whether that is all it is for (core/readiness)."""
         return assess(
-            self._registry.unready(),
+            [key for key in self._registry.unready() if self._watches(key)],
             [m.key for m in self._registry if m.conflict is None],
             reconciler=True,
             lease=self.leases.state if self.leases is not None else None,
         )
+
+    def _watches(self, key: str) -> bool:
+        managed = self._registry.get(key)
+        return managed is not None and self._reconciler.watches(managed)
 
     def speaks_for(self, key: str) -> bool:
         """Whether this process writes what a pool's resource shows (its status, Events):
@@ -240,12 +244,7 @@ class Engine:
         managed = self._registry.get(key)
         if managed is None:
             return self.leases.speaker()
-        if self.leases.holds(key):
-            return True
-        state = self.leases.state(key)
-        if state.standing is LeaseStanding.ELSEWHERE:
-            return not managed.resource or state.holder_resource != managed.resource
-        return self.leases.speaker()
+        return self.leases.state(key).speaks_here(managed.resource, self.leases.speaker())
 
     async def purge_ended(self, key: str, runner_id: str, namespace: str, state: str) -> None:
         """Purge the job of a runner whose claim just became a tombstone (`state`: why),

@@ -11,6 +11,12 @@ ModifyIndex moved (Nomad bumps it on every change of a job or an allocation, cli
 updates included), so a steady-state pass over thousands of runners does not rebuild
 thousands of identical views.
 
+A reconciler that shares a namespace's pools with others (by lease) observes only the
+pools it holds: the lists are narrowed to their job prefixes (a job prefix, an allocation
+filter on JobID, a variable prefix per pool), so its pass shrinks with its share. Only a
+whole listing of the jobs and claims sees orphans and every claim; the reconciler asks
+for one now and then (reconcile.py), with the allocations still narrowed.
+
 Reading the nodes is optional (`node { policy = "read" }`, which a namespace-scoped token
 lacks): without it pools are reconciled without drain awareness (NodeAccess).
 """
@@ -21,6 +27,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,18 +139,40 @@ class NodeAccess:
 
 
 async def observe_namespace(
-    port: NomadPort, store: ClaimStore, namespace: str, cache: ViewCache, node_access: NodeAccess
+    port: NomadPort,
+    store: ClaimStore,
+    namespace: str,
+    cache: ViewCache,
+    node_access: NodeAccess,
+    scope: Sequence[str] | None = None,
+    *,
+    whole: bool = True,
 ) -> NamespaceObservation:
+    """The namespace as it is now; with `scope`, only the allocations of the runners
+    whose IDs start with one of those job prefixes, and unless `whole`, only those
+    runners' jobs and claims too (orphans and every claim show only in a whole listing)."""
+    prefixes = None if scope is None else tuple(sorted(set(scope)))
+    listed = None if whole else prefixes
     job_stubs, alloc_stubs, variable_metas, nodes = await asyncio.gather(
-        port.list_jobs(namespace),
-        port.list_allocations(namespace),
-        port.list_variables(CLAIMS_PREFIX, namespace),
+        _list_jobs(port, namespace, listed),
+        _list_allocations(port, namespace, prefixes),
+        _list_claims(port, namespace, listed),
         node_access.views(port, cache),
     )
-    jobs, allocations, cache.jobs, cache.allocations = await compute(
+    jobs, allocations, seen_jobs, seen_allocs = await compute(
         len(job_stubs), _views, job_stubs, alloc_stubs, cache.jobs, cache.allocations
     )
-    claims, malformed = await store.read_all(namespace, variable_metas)
+    # Views of runners not listed now stay for the next listing that has them.
+    if listed is None:
+        cache.jobs = seen_jobs
+    else:
+        cache.jobs.update(seen_jobs)
+    if prefixes is None:
+        cache.allocations = seen_allocs
+    else:
+        cache.allocations.update(seen_allocs)
+    claim_paths = None if listed is None else [CLAIMS_PREFIX + p for p in listed]
+    claims, malformed = await store.read_all(namespace, variable_metas, within=claim_paths)
     return NamespaceObservation(
         namespace=namespace,
         jobs=jobs,
@@ -152,6 +181,46 @@ async def observe_namespace(
         malformed_claims=frozenset(malformed),
         nodes=nodes,
     )
+
+
+async def _list_jobs(
+    port: NomadPort, namespace: str, prefixes: tuple[str, ...] | None
+) -> list[dict[str, Any]]:
+    if prefixes is None:
+        return await port.list_jobs(namespace)
+    lists = await asyncio.gather(*(port.list_jobs(namespace, p) for p in prefixes))
+    return _unique(lists, "ID")
+
+
+async def _list_allocations(
+    port: NomadPort, namespace: str, prefixes: tuple[str, ...] | None
+) -> list[dict[str, Any]]:
+    if prefixes == ():
+        return []
+    return await port.list_allocations(namespace, prefixes)
+
+
+async def _list_claims(
+    port: NomadPort, namespace: str, prefixes: tuple[str, ...] | None
+) -> list[dict[str, Any]]:
+    if prefixes is None:
+        return await port.list_variables(CLAIMS_PREFIX, namespace)
+    lists = await asyncio.gather(
+        *(port.list_variables(CLAIMS_PREFIX + p, namespace) for p in prefixes)
+    )
+    return _unique(lists, "Path")
+
+
+def _unique(lists: Sequence[list[dict[str, Any]]], key: str) -> list[dict[str, Any]]:
+    """The items of several lists, each once: one prefix may begin another ("a-", "a-b-"),
+    and then both lists hold the longer one's items."""
+    if len(lists) == 1:
+        return lists[0]
+    seen: dict[Any, dict[str, Any]] = {}
+    for items in lists:
+        for item in items:
+            seen.setdefault(item.get(key), item)
+    return list(seen.values())
 
 
 async def _node_views(

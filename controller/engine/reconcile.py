@@ -58,6 +58,9 @@ _CLOCK_FREE_STATES = frozenset({RunnerState.IDLE, RunnerState.OUTDATED, RunnerSt
 _FAILED_STARTS = frozenset({DestroyReason.STARTUP_TIMEOUT, DestroyReason.FAILED})
 # Abandoned request records are looked for this often (one extra list call per namespace).
 REQUEST_GC_SECONDS = 30.0
+# A reconciler that lists only the pools it holds lists the whole namespace this often, to
+# find orphans and request records no claim carries.
+WHOLE_LISTING_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,8 @@ class Reconciler:
     _splits: dict[str, _Split] = field(default_factory=dict, init=False)
     # namespace -> time.monotonic() of the last request record collection
     _requests_collected: dict[str, float] = field(default_factory=dict, init=False)
+    # namespace -> time.monotonic() when its last whole listing began
+    _whole_listed: dict[str, float] = field(default_factory=dict, init=False)
     # pool key -> set by the pool's next pass
     _observed: dict[str, asyncio.Event] = field(default_factory=dict, init=False)
     # The client nodes as the latest pass over any namespace saw them, by ID.
@@ -131,6 +136,11 @@ class Reconciler:
             pass
 
     async def _pass(self, namespace: str, started: float) -> PassResult:
+        pools = self.registry.reconciled(namespace)
+        # The lists are narrowed to the pools watched as the leases stand now; the leases
+        # are brought up to date after the observation, as the pass acts on them.
+        scope = self._scope(pools, [m for m in pools if self.watches(m)])
+        whole = scope is None or self._whole_listing_due(namespace)
         observation_started = time.monotonic()
         observed = await observe_namespace(
             self.port,
@@ -138,26 +148,43 @@ class Reconciler:
             namespace,
             self._views.setdefault(namespace, ViewCache()),
             self.node_access,
+            scope,
+            whole=whole,
         )
+        if whole:
+            self._whole_listed[namespace] = observation_started
+        acting = await self._acting(namespace, pools)
+        if scope is not None:  # a lease taken meanwhile: its pool is observed next pass
+            acting = [m for m in acting if m.policy.job_prefix in scope]
+        watched = [
+            m
+            for m in pools
+            if (m in acting or self._speaks_unheld(m))
+            and (scope is None or m.policy.job_prefix in scope)
+        ]
         self.nodes = {node.id: node for node in observed.nodes}
         self.metrics.set_capability("node_read", self.node_access.readable)
         now = self.clock()
         upcoming = [
             c.expires_at
-            for c in observed.claims.values()
-            if not c.is_tombstone and c.expires_at > now
+            for runner_id, c in observed.claims.items()
+            if not c.is_tombstone
+            and c.expires_at > now
+            and (scope is None or runner_id.startswith(scope))
         ]
-        pools = self.registry.reconciled(namespace)
-        acting = await self._acting(namespace, pools)
         by_pool, orphans = await self._split(namespace, [m.policy for m in pools], observed)
-        await self.drains.take_orphans(namespace, orphans)
+        if whole:  # a narrowed listing holds no orphans
+            await self.drains.take_orphans(namespace, orphans)
         await self.drains.sync(acting)
         outcomes = await asyncio.gather(
             *(
                 self._pool_pass(m, by_pool[m.key], now, observation_started, m in acting)
-                for m in pools
+                for m in watched
             )
         )
+        for managed in pools:
+            if managed not in watched:
+                await self._leave_unobserved(managed, now)
         for managed in self.registry.in_namespace(namespace):
             if managed.conflict is not None:
                 await self.publisher.publish(managed, [], now)
@@ -166,7 +193,8 @@ class Reconciler:
             self.publisher.forget(key)
         if self.catalog is not None:
             await self._publish_catalog(acting, finished)
-        await self._collect_requests(namespace, observed, now)
+        if whole:  # request records of every claim, seen only in a whole listing
+            await self._collect_requests(namespace, observed, now)
         return PassResult(
             namespace,
             time.perf_counter() - started,
@@ -175,6 +203,44 @@ class Reconciler:
             errors=sum(o.errors for o in outcomes),
             next_deadline=min(upcoming, default=None),
         )
+
+    def watches(self, managed: ManagedPool) -> bool:
+        """Whether passes observe the pool: this process writes it, or what its resource
+        shows (while another process reconciles it)."""
+        if self.leases is None or self.leases.holds(managed.key):
+            return True
+        return self._speaks_unheld(managed)
+
+    def _speaks_unheld(self, managed: ManagedPool) -> bool:
+        """A RunnerPool whose status this process writes without holding its lease (its
+        holder writes another resource's, or nobody holds it): its counts come from here."""
+        if self.leases is None or not managed.resource:
+            return False
+        state = self.leases.state(managed.key)
+        return not state.held and state.speaks_here(managed.resource, self.leases.speaker())
+
+    def _scope(
+        self, pools: list[ManagedPool], watched: list[ManagedPool]
+    ) -> tuple[str, ...] | None:
+        """The job prefixes this pass observes: those of the pools it watches, when that is
+        not all of them (reconcilers share the namespace by lease); None: every pool."""
+        if len(watched) == len(pools):
+            return None
+        return tuple(m.policy.job_prefix for m in watched)
+
+    def _whole_listing_due(self, namespace: str) -> bool:
+        """A narrowed pass lists the jobs and claims of the whole namespace every
+        WHOLE_LISTING_SECONDS (orphans, request records no claim carries)."""
+        listed = self._whole_listed.get(namespace)
+        return listed is None or time.monotonic() - listed >= WHOLE_LISTING_SECONDS
+
+    async def _leave_unobserved(self, managed: ManagedPool, now: datetime) -> None:
+        """Another process reconciles the pool: forget what an earlier pass saw of it (its
+        offer would go stale); its status here says only who reconciles it (the claim
+        path shows the holder's, from the catalog), and its holder exports its series."""
+        if managed.observed or managed.runners:
+            managed.forget_observation()
+        await self.publisher.publish(managed, [], now, exports=False)
 
     async def _acting(self, namespace: str, pools: list[ManagedPool]) -> list[ManagedPool]:
         """The pools this pass may write: all of them without leases, those whose lease

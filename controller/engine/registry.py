@@ -83,6 +83,11 @@ class ManagedPool:
         """Defined (in the files or the cluster) and not being removed."""
         return self.pool is not None and self.policy.mode is PoolMode.ACTIVE
 
+    def forget_observation(self) -> None:
+        """Another process observes the pool now: nothing seen here stays to be offered."""
+        self.runners, self.observation, self.observed = (), None, False
+        self.classified_policy = None
+
     @property
     def offer(self) -> Offer:
         """The claimable runners of the last pass, in the order claims try them."""

@@ -100,7 +100,7 @@ class OperatorController(Service):
     def readiness(self) -> Readiness:
         if not self.active:
             return Readiness.idle(PASSIVE)
-        return self.engine.readiness()
+        return super().readiness()
 
     def connect(
         self, settings: kopf.OperatorSettings, connect: Connect

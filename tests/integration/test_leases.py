@@ -174,7 +174,7 @@ async def test_a_release_through_a_process_that_does_not_hold_the_pool_leaves_th
     holder = await start_as(harness, pools, "host-a/1", monkeypatch)
     await harness.settled(holder)
     other = await start_as(harness, pools, "host-b/2", monkeypatch)
-    await wait_until(lambda: other.engine.pools[KEY].observed, what="the other to observe")
+    await wait_until(lambda: other.readiness().ready, what="the other to serve the pool")
     status, claim = await harness.api(other, "POST", "/v1/pools/default/py/claims", {})
     assert status == 201, claim
     released = time.monotonic()

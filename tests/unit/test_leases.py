@@ -317,3 +317,25 @@ async def test_a_lease_held_elsewhere_is_watched_on_the_watch_session() -> None:
     finally:
         await leases.stop(release=False)
     assert watcher.waited == [lease_path(KEY)] * len(watcher.waited) and watcher.waited
+
+
+@pytest.mark.parametrize(
+    ("state", "resource", "speaker", "speaks"),
+    [
+        (LeaseState(LeaseStanding.HELD, "me"), "uid-1", False, True),
+        # Held elsewhere for the same RunnerPool: its holder writes the status.
+        (LeaseState(LeaseStanding.ELSEWHERE, "b", holder_resource="uid-1"), "uid-1", True, False),
+        # Held by a process writing another resource (a pool file's holder): only here.
+        (LeaseState(LeaseStanding.ELSEWHERE, "b", holder_resource=""), "uid-1", False, True),
+        (LeaseState(LeaseStanding.ELSEWHERE, "b", holder_resource="uid-2"), "uid-1", False, True),
+        (LeaseState(LeaseStanding.ELSEWHERE, "b", holder_resource="uid-1"), "", False, True),
+        # Nobody holds it: the first live reconciler speaks.
+        (LeaseState(LeaseStanding.FREE), "uid-1", True, True),
+        (LeaseState(LeaseStanding.FREE), "uid-1", False, False),
+        (LeaseState(LeaseStanding.STALE, "me"), "uid-1", False, False),
+    ],
+)
+def test_who_speaks_for_a_pool(
+    state: LeaseState, resource: str, speaker: bool, speaks: bool
+) -> None:
+    assert state.speaks_here(resource, speaker) is speaks
