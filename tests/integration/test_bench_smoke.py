@@ -62,10 +62,12 @@ def test_quick_bench_writes_every_required_key(tmp_path: Path) -> None:
 
 def test_a_section_runs_alone_and_an_unknown_one_is_a_usage_error(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    done = bench("--section", "node-loss", "--json", str(out))
+    done = bench("--section", "node-loss", "--section", "shared", "--json", str(out))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert "convergence.node_loss_seconds" in result and "bench.seconds.node-loss" in result
+    # The section --quick leaves out runs when named: three reconcilers held every pool.
+    assert result["shared.pools"] == 3 and result["shared.pass_ratio"] > 0
     assert not [key for key in result if key.startswith(("claim.", "reconcile.", "demand."))]
     done = bench("--section", "claim")
     assert done.returncode == 2
