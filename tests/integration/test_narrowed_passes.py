@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ class ListSpy:
             return await list_jobs(namespace, prefix)
 
         async def allocations(
-            namespace: str, job_prefixes: Iterable[str] | None = None
+            namespace: str, job_prefixes: Sequence[str] | None = None
         ) -> list[dict[str, Any]]:
             self.allocations.append(None if job_prefixes is None else tuple(job_prefixes))
             return await list_allocations(namespace, job_prefixes)
