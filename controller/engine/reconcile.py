@@ -22,7 +22,7 @@ from controller.core.catalog import WaitingTally
 from controller.core.classify import classify
 from controller.core.demand import pass_target
 from controller.core.events import EventSink, breaker_closed, breaker_opened, spec_differs
-from controller.core.leases import LeaseState
+from controller.core.leases import LeaseStanding, LeaseState
 from controller.core.plan import DestroyReason, Plan, plan
 from controller.core.split import split_observation
 from controller.core.views import (
@@ -137,9 +137,9 @@ class Reconciler:
 
     async def _pass(self, namespace: str, started: float) -> PassResult:
         pools = self.registry.reconciled(namespace)
-        # The lists are narrowed to the pools watched as the leases stand now; the leases
-        # are brought up to date after the observation, as the pass acts on them.
-        scope = self._scope(pools, [m for m in pools if self.watches(m)])
+        # The lists are narrowed to the pools this pass may act on as the leases stand now;
+        # the leases are brought up to date after the observation, as the pass acts on them.
+        scope = self._scope(pools, [m for m in pools if self._may_observe(m)])
         whole = scope is None or self._whole_listing_due(namespace)
         observation_started = time.monotonic()
         observed = await observe_namespace(
@@ -154,7 +154,7 @@ class Reconciler:
         if whole:
             self._whole_listed[namespace] = observation_started
         acting = await self._acting(namespace, pools)
-        if scope is not None:  # a lease taken meanwhile: its pool is observed next pass
+        if scope is not None:  # a lease taken now whose pool was not listed: next pass
             acting = [m for m in acting if m.policy.job_prefix in scope]
         watched = [
             m
@@ -210,6 +210,15 @@ class Reconciler:
         if self.leases is None or self.leases.holds(managed.key):
             return True
         return self._speaks_unheld(managed)
+
+    def _may_observe(self, managed: ManagedPool) -> bool:
+        """Whether this pass may need the pool's runners: it watches the pool, or no other
+        process is known to hold its lease (this pass may take it: a new pool is acted on
+        in its first pass)."""
+        if self.watches(managed):
+            return True
+        assert self.leases is not None  # without leases every pool is watched
+        return self.leases.state(managed.key).standing is not LeaseStanding.ELSEWHERE
 
     def _speaks_unheld(self, managed: ManagedPool) -> bool:
         """A RunnerPool whose status this process writes without holding its lease (its
