@@ -13,6 +13,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -54,9 +55,10 @@ class Applier:
     metrics: Metrics
     events: EventSink
     rng: random.Random | None = None  # runner IDs; seeded for reproducible tests
-    # Whether this process may still write the pool (fencing by its lease), asked again
-    # right before every write: a lease can run out while a plan is applied.
-    may_write: Callable[[str], bool] = lambda key: True
+    # Whether this process may still write the pool (fencing by its lease), entered again
+    # around every write: a lease can run out while a plan is applied, and is not given
+    # back while a write sent under it is in flight.
+    fence: Callable[[str], AbstractContextManager[bool]] = lambda key: nullcontext(True)
     # Whether this process is using the runner now (an execution runs on it): such a
     # claim is renewed when its deadline passes, not expired. Activity keeps it alive.
     in_use: Callable[[str], bool] = lambda runner_id: False
@@ -102,10 +104,11 @@ class Applier:
             policy.nomad_namespace,
         )
         async with self._slots:
-            if not self.may_write(policy.key):
-                return False
-            # enforce_index=0: a retried or duplicated registration can never overwrite a job.
-            await self.port.register_job(job, enforce_index=0)
+            with self.fence(policy.key) as allowed:
+                if not allowed:
+                    return False
+                # enforce_index=0: a retried or duplicated registration never overwrites a job.
+                await self.port.register_job(job, enforce_index=0)
         self.metrics.runners_created.labels(pool=policy.key).inc()
         return True
 
@@ -114,52 +117,65 @@ class Applier:
     ) -> bool:
         policy = managed.policy
         async with self._slots:
-            if not self.may_write(policy.key):
-                return False
-            if destroy.claim is None:
-                allocation = runner.allocation.id if runner and runner.allocation else ""
-                # Created with cas=0, so a client's concurrent claim wins; a runner retired
-                # before it was ever placed names no allocation.
-                tombstone = ClaimRecord.new(
-                    runner_id=destroy.runner_id,
-                    namespace=policy.nomad_namespace,
-                    pool=policy.key,
-                    allocation_id=allocation,
-                    now=now,
-                    inactivity_timeout_seconds=0,
-                ).with_state(destroy.tombstone_state)
-                if await self.store.create(tombstone) is None:
-                    return False  # a client claimed it first: it stays claimed
-            elif not destroy.claim.is_tombstone:
-                if destroy.reason is DestroyReason.EXPIRED and self.in_use(destroy.runner_id):
-                    claim = destroy.claim
-                    await self.store.update(claim.kept_alive(now), cas=claim.modify_index)
-                    return False  # a lost check-and-set: the next pass decides again
-                ended = destroy.claim.with_state(destroy.tombstone_state)
-                if await self.store.update(ended, cas=destroy.claim.modify_index) is None:
-                    return False  # a keepalive or release won; the next pass decides again
-                if destroy.reason is DestroyReason.LOST and runner is not None:
-                    self.events(allocation_lost(policy.key, destroy.runner_id, runner.reason))
-            if not self.may_write(policy.key):
-                return False  # the tombstone holds the runner; whoever holds the pool purges it
-            await self.port.purge_job(destroy.runner_id, policy.nomad_namespace)
+            with self.fence(policy.key) as allowed:
+                if not allowed or not await self._end_claim(managed, destroy, runner, now):
+                    return False
+            # The lease may have run out meanwhile: the tombstone holds the runner then,
+            # and whoever holds the pool purges it.
+            with self.fence(policy.key) as allowed:
+                if not allowed:
+                    return False
+                await self.port.purge_job(destroy.runner_id, policy.nomad_namespace)
         self.metrics.runners_destroyed.labels(pool=policy.key, reason=destroy.reason.value).inc()
         why = _REPLACED_BECAUSE.get(destroy.reason)
         if why is not None:
             self.events(runner_replaced(policy.key, destroy.runner_id, why))
         return True
 
+    async def _end_claim(
+        self, managed: ManagedPool, destroy: Destroy, runner: Runner | None, now: datetime
+    ) -> bool:
+        """Hold the runner with a tombstone before its job is purged; whether it is held."""
+        policy = managed.policy
+        if destroy.claim is None:
+            allocation = runner.allocation.id if runner and runner.allocation else ""
+            # Created with cas=0, so a client's concurrent claim wins; a runner retired
+            # before it was ever placed names no allocation.
+            tombstone = ClaimRecord.new(
+                runner_id=destroy.runner_id,
+                namespace=policy.nomad_namespace,
+                pool=policy.key,
+                allocation_id=allocation,
+                now=now,
+                inactivity_timeout_seconds=0,
+            ).with_state(destroy.tombstone_state)
+            return await self.store.create(tombstone) is not None  # else a client won
+        if destroy.claim.is_tombstone:
+            return True
+        if destroy.reason is DestroyReason.EXPIRED and self.in_use(destroy.runner_id):
+            claim = destroy.claim
+            await self.store.update(claim.kept_alive(now), cas=claim.modify_index)
+            return False  # a lost check-and-set: the next pass decides again
+        ended = destroy.claim.with_state(destroy.tombstone_state)
+        if await self.store.update(ended, cas=destroy.claim.modify_index) is None:
+            return False  # a keepalive or release won; the next pass decides again
+        if destroy.reason is DestroyReason.LOST and runner is not None:
+            self.events(allocation_lost(policy.key, destroy.runner_id, runner.reason))
+        return True
+
     async def _mark_lost(self, managed: ManagedPool, claim: ClaimRecord) -> bool:
         async with self._slots:
-            if not self.may_write(managed.key):
-                return False
-            lost = await self.store.update(
-                claim.with_state(ClaimState.LOST), cas=claim.modify_index
-            )
+            with self.fence(managed.key) as allowed:
+                if not allowed:
+                    return False
+                lost = await self.store.update(
+                    claim.with_state(ClaimState.LOST), cas=claim.modify_index
+                )
         if lost is not None:
             self.events(allocation_lost(managed.key, claim.runner_id, "its job vanished"))
         return lost is not None
 
     async def _forget(self, managed: ManagedPool, claim: ClaimRecord) -> bool:
         async with self._slots:
-            return self.may_write(managed.key) and await self.store.delete(claim)
+            with self.fence(managed.key) as allowed:
+                return allowed and await self.store.delete(claim)

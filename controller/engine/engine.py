@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
 
 from controller.claims.store import ClaimStore
@@ -49,6 +50,10 @@ def _ignore(_: PoolEvent) -> None:
 
 def _always(_: str) -> bool:
     return True
+
+
+def _unfenced(_: str) -> AbstractContextManager[bool]:
+    return nullcontext(True)
 
 
 class PoolViews(Mapping[str, PoolView]):
@@ -125,11 +130,14 @@ class Engine:
             leases=self.leases,
         )
         # Whether this process writes a pool's jobs now: it holds the pool's lease (every
-        # pool, without leases).
+        # pool, without leases); `fence` also keeps the lease while a write is in flight.
         self.writes: Callable[[str], bool] = (
             self.leases.holds if self.leases is not None else _always
         )
-        self._applier = Applier(port, self.store, metrics, on_event, rng, self.writes)
+        self.fence: Callable[[str], AbstractContextManager[bool]] = (
+            self.leases.writing if self.leases is not None else _unfenced
+        )
+        self._applier = Applier(port, self.store, metrics, on_event, rng, self.fence)
         self._reconciler = Reconciler(
             port,
             self.store,
@@ -250,7 +258,10 @@ class Engine:
         """Purge the job of a runner whose claim just became a tombstone (`state`: why),
         now rather than on the next pass (the tombstone makes every pass purge it again
         until it is gone)."""
-        await self._port.purge_job(runner_id, namespace)
+        with self.fence(key) as allowed:
+            if not allowed:
+                return
+            await self._port.purge_job(runner_id, namespace)
         self.metrics.runners_destroyed.labels(pool=key, reason=state).inc()
 
     def waiting_elsewhere(self, records: list[WaitingRecord]) -> None:
@@ -280,9 +291,10 @@ class Engine:
     async def stop(self) -> None:
         """Stop the loops and give the leases back, so that another process takes the
         pools over at once. Stopping never destroys runners: Nomad keeps them."""
-        await self._scheduler.stop()
         if self.leases is not None:
+            # First: a pass cancelled under a write in flight could not say when it lands.
             await self.leases.stop(release=True)
+        await self._scheduler.stop()
 
     async def reconcile_namespace(self, namespace: str) -> PassResult:
         result = await self._reconciler.run(namespace)

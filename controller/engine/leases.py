@@ -15,7 +15,9 @@ being drained (no spec) is not spread: any process takes it.
 Fencing is by time: a lease counts as held only until one TTL after the last renewal that
 succeeded (measured from when it was sent), while Nomad frees an unrenewed lock only twice
 its TTL after the last renewal, then keeps it for the lock delay. So a holder that cannot
-renew stops writing before anyone else can take the pool.
+renew stops writing before anyone else can take the pool. Writes go through `writing()`,
+and a lease is given back only once the writes in flight under it have landed (a
+registration sent just before a release must not reach Nomad after it).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +71,8 @@ class _Lease:
     last_round: float | None = None  # monotonic time of the last renewal or attempt
     lapsed: bool = False  # no renewal succeeded for a TTL: not written, LeaseLost said
     busy: asyncio.Lock = field(default_factory=asyncio.Lock)  # one round at a time
+    writes: int = 0  # writes of the pool in flight under the lease
+    settled: asyncio.Event = field(default_factory=asyncio.Event)  # set: none in flight
     follower: asyncio.Task[None] | None = None
 
     @property
@@ -101,6 +105,7 @@ class Leases:
         self._monotonic = monotonic
         self._leases: dict[str, _Lease] = {}
         self._running = False
+        self._stopped = False  # stop() ran: no lease is taken again
         self._members = members
         # The pools assigned to this process (None: take any, as without members); empty
         # until the members were first read.
@@ -142,6 +147,23 @@ class Leases:
     def holds(self, key: str) -> bool:
         lease = self._leases.get(key)
         return bool(lease and lease.lock_id and self._monotonic() < lease.valid_until)
+
+    @contextlib.contextmanager
+    def writing(self, key: str) -> Iterator[bool]:
+        """Whether this process may write the pool now; while the block runs (the write is
+        in flight) the lease is not given back."""
+        lease = self._leases.get(key)
+        if lease is None or not self.holds(key):
+            yield False
+            return
+        lease.writes += 1
+        lease.settled.clear()
+        try:
+            yield True
+        finally:
+            lease.writes -= 1
+            if not lease.writes:
+                lease.settled.set()
 
     def state(self, key: str) -> LeaseState:
         lease = self._leases.get(key)
@@ -205,7 +227,7 @@ class Leases:
     async def stop(self, *, release: bool = True) -> None:
         """Stop following; with `release` (a graceful stop) give every held lease back, so
         that a successor takes over at once rather than after the TTL."""
-        self._running = False
+        self._running, self._stopped = False, True
         if self._balancer is not None:
             self._balancer.cancel()
             await asyncio.gather(self._balancer, *self._wakeups, return_exceptions=True)
@@ -265,7 +287,7 @@ class Leases:
         async with lease.busy:
             last = lease.last_round
             due = force or last is None or self._monotonic() - last >= self.ttl / 3
-            if not due or self._leases.get(lease.key) is not lease:
+            if not due or self._stopped or self._leases.get(lease.key) is not lease:
                 return
             lease.last_round = self._monotonic()
             try:
@@ -417,6 +439,17 @@ class Leases:
         lease.lapsed = False
         if lock_id is None:
             return
+        if lease.writes:
+            try:
+                async with asyncio.timeout(self.ttl):
+                    await lease.settled.wait()
+            except TimeoutError:
+                log.warning(
+                    "pool %s: a write still in flight after %g s; the lease is left to expire",
+                    lease.key,
+                    self.ttl,
+                )
+                return
         try:
             await self._port.release_lock(lease.path, lease.namespace, lock_id)
         except NomadError as error:

@@ -339,3 +339,61 @@ def test_who_speaks_for_a_pool(
     state: LeaseState, resource: str, speaker: bool, speaks: bool
 ) -> None:
     assert state.speaks_here(resource, speaker) is speaks
+
+
+async def _write_in_flight(leases: Leases, port: FakeLocks, landed: list[bool]) -> asyncio.Event:
+    """Start a write of KEY that stays in flight until the returned event is set; it
+    notes whether the lease was still held in Nomad when the write landed."""
+    arrive = asyncio.Event()
+
+    async def write() -> None:
+        with leases.writing(KEY) as allowed:
+            assert allowed
+            await arrive.wait()
+            landed.append(lease_path(KEY) in port.held)
+
+    asyncio.get_running_loop().create_task(write())
+    await asyncio.sleep(0)
+    return arrive
+
+
+@pytest.mark.parametrize("give_back", ["drop", "stop"])
+async def test_a_lease_is_given_back_only_after_the_writes_in_flight_landed(
+    world, give_back: str
+) -> None:
+    port, _, _, leases = world
+    leases.want(KEY, "default", "spec-a")
+    await leases.refresh([KEY])
+    landed: list[bool] = []
+    arrive = await _write_in_flight(leases, port, landed)
+    releasing = asyncio.get_running_loop().create_task(
+        leases.drop(KEY) if give_back == "drop" else leases.stop(release=True)
+    )
+    await asyncio.sleep(0.05)
+    assert lease_path(KEY) in port.held  # not released under the write in flight
+    with leases.writing(KEY) as allowed:
+        assert not allowed  # and no new write starts
+    arrive.set()
+    await releasing
+    assert landed == [True]
+    assert lease_path(KEY) not in port.held
+
+
+async def test_a_write_that_never_lands_keeps_the_lock_until_it_expires(world) -> None:
+    port, _, _, leases = world
+    leases.want(KEY, "default", "spec-a")
+    await leases.refresh([KEY])
+    await _write_in_flight(leases, port, [])
+    leases.ttl = 0.1  # how long a release waits for the writes in flight
+    await leases.drop(KEY)
+    assert lease_path(KEY) in port.held  # Nomad frees it after 2 x TTL, never under a write
+    assert not leases.holds(KEY)
+
+
+async def test_a_stopped_process_takes_no_lease_again(world) -> None:
+    port, _, _, leases = world
+    await leases.stop(release=True)
+    leases.want(KEY, "default", "spec-a")  # a pass still finishing after the stop
+    await leases.refresh([KEY])
+    assert not leases.holds(KEY)
+    assert port.held == {}
