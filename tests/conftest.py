@@ -1,4 +1,4 @@
-"""One real etcd and kube-apiserver for the session (tests/support/kube_cluster.py), for
+"""One real etcd and kube-apiserver for the session (controller/lab/kube.py), for
 every test folder that needs a Kubernetes API (tests/kube, tests/operator).
 
 The binaries come from scripts/build-kube.sh, run here first: a no-op when current, minutes
@@ -19,8 +19,8 @@ from typing import Final
 
 import pytest
 
-from tests.support import kube_cluster
-from tests.support.kube_cluster import KubeCluster
+from controller.lab import kube as kube_cluster
+from controller.lab.kube import KubeCluster
 
 REQUIRE_KUBE: Final = "POOLKEEPER_REQUIRE_KUBE"
 # What service accounts ask of the server is logged (kube.audit_events()): the operator's

@@ -20,11 +20,11 @@ from typing import Any, Final
 import pytest
 import yaml
 
+from controller.lab import kube as kube_cluster
+from controller.lab.kube import KubeCluster
 from tests.chart.helm import CHART, NAMESPACE, RELEASE, Manifest, render, run_helm
 from tests.chart.scenarios import SCENARIOS
 from tests.chart.workloads import API, OPERATOR, container, deployment, env, pod
-from tests.support import kube_cluster
-from tests.support.kube_cluster import KubeCluster
 
 pytestmark = pytest.mark.slow
 

@@ -17,10 +17,10 @@ from rich.console import Console
 from controller import service, serving, status_command
 from controller.api.auth import Scope, TokenFileError, parse_token_lines
 from controller.errors import UsageError
+from controller.lab.tls import self_signed
 from controller.nomad.config import NomadConfig
 from controller.standalone import Controller, Settings
 from tests.support.documents import pool_doc
-from tests.support.tls import self_signed
 from tests.support.waiting import wait_until
 
 from .conftest import Harness, write_pools

@@ -1,1 +1,1 @@
-"""Tests against a real etcd and kube-apiserver (tests/support/kube_cluster.py)."""
+"""Tests against a real etcd and kube-apiserver (controller/lab/kube.py)."""

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import kube_cluster
-from tests.support.kube_cluster import KubeCluster, KubeClusterError
+from controller.lab import kube as kube_cluster
+from controller.lab.kube import KubeCluster, KubeClusterError
 
 pytestmark = pytest.mark.slow
 

@@ -30,13 +30,13 @@ import yaml
 
 from controller.cli import build_parser
 from controller.core.runner_ids import META_POOL
+from controller.lab.kube import KubeCluster
 from controller.lab.simulator import SimServer, Simulator, start_sim
 from controller.nomad.config import NomadConfig
 from controller.operator.controller import OperatorController
 from controller.operator.handlers import run
 from controller.operator.options import OperatorOptions, options_from_args
 from tests.chart.helm import helm_binary
-from tests.support.kube_cluster import KubeCluster
 from tests.support.ports import free_port
 from tests.support.relay import Relay
 from tests.support.waiting import wait_until
@@ -135,12 +135,7 @@ def rule_grants(manifests: Iterable[JSON]) -> set[tuple[str, str, str]]:
 @pytest.fixture(scope="session")
 def crds(kube: KubeCluster) -> KubeCluster:
     """The cluster, with the RunnerPool CRD and kopf's peering CRDs installed and served."""
-    kube.kubectl("apply", "-f", str(CRD_FILE), "-f", str(PEERING_CRDS))
-    kube.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s",
-        *(f"crd/{name}" for name in CRD_NAMES),
-    )  # fmt: skip
-    kube.wait_served(f"/apis/{GROUP}/{VERSION}/{PLURAL}")  # Established is not served yet
+    assert kube.install_crds(CRD_FILE, PEERING_CRDS) == list(CRD_NAMES)
     return kube
 
 

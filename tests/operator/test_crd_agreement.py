@@ -30,10 +30,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from controller.lab.kube import KubeCluster
 from controller.model import RunnerPool, ScheduleSpec, immutable_changes
 from tests.operator.conftest import CRD_FILE, GROUP, PLURAL, ROOT, VERSION
 from tests.support.documents import DELETE, as_integers, pool_doc, with_fields
-from tests.support.kube_cluster import KubeCluster
 
 NAMESPACE: Final = "crd-agreement"
 INT32_MAX: Final = 2**31 - 1

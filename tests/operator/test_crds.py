@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from controller.lab.kube import KubeCluster
 from tests.operator.conftest import CHART, CRD_FILE, PEERING_CRDS, Cluster
 from tests.support.documents import pool_doc
-from tests.support.kube_cluster import KubeCluster
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,8 @@ import asyncio
 
 import pytest
 
+from controller.lab import kube as kube_cluster
 from tests.operator.conftest import CRD_FILE, CRD_NAMES, GROUP, PLURAL, ROOT, VERSION, Cluster
-from tests.support import kube_cluster
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ import pytest
 from controller.cli import build_parser
 from controller.lab.simulator import Simulator, start_sim
 from controller.lab.simulator.command import main
-from tests.support.tls import self_signed
+from controller.lab.tls import self_signed
 
 
 async def test_tls_server_verifies_with_its_ca(tmp_path: Path) -> None:

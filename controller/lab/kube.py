@@ -1,4 +1,4 @@
-"""A real etcd and kube-apiserver on loopback, for tests that need a Kubernetes API.
+"""A real etcd and kube-apiserver on loopback, for tests and soaks that need a Kubernetes API.
 
 The binaries come from ``scripts/build-kube.sh`` (``tools/kube``: etcd, kube-apiserver and
 kubectl built from their Go modules into ``.cache/kube/bin``). The cluster has no
@@ -9,7 +9,7 @@ What it sets up, all made by the test in a temporary folder:
 
 - etcd on free loopback ports with a throwaway data dir (``--unsafe-no-fsync``);
 - kube-apiserver on ``https://127.0.0.1:PORT`` with a self-signed serving certificate
-  (``tests.support.tls``), ``--authorization-mode=RBAC``, a client CA whose ``admin``
+  (``controller.lab.tls``), ``--authorization-mode=RBAC``, a client CA whose ``admin``
   certificate is in ``system:masters``, and a service-account signing key pair, so that
   ServiceAccount tokens from the TokenRequest API authenticate (and are authorized by RBAC);
 - a kubeconfig for admin, and one per ServiceAccount on request.
@@ -52,7 +52,7 @@ from typing import Any
 
 import yaml
 
-from tests.support.tls import self_signed
+from controller.lab.tls import self_signed
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "scripts" / "build-kube.sh"
@@ -351,6 +351,27 @@ class KubeCluster:
             "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name},
         })  # fmt: skip
         return name
+
+    def install_crds(self, *files: Path) -> list[str]:
+        """Apply the CustomResourceDefinitions in ``files`` and wait until each is
+        Established and its resources served; their names."""
+        crds = [
+            document
+            for path in files
+            for document in yaml.safe_load_all(path.read_text())
+            if document and document.get("kind") == "CustomResourceDefinition"
+        ]
+        names = [str(crd["metadata"]["name"]) for crd in crds]
+        self.kubectl("apply", *(arg for path in files for arg in ("-f", str(path))))
+        self.kubectl(
+            "wait", "--for=condition=Established", "--timeout=60s",
+            *(f"crd/{name}" for name in names),
+        )  # fmt: skip
+        for crd in crds:  # Established is not served yet
+            spec = crd["spec"]
+            version = next(v["name"] for v in spec["versions"] if v.get("served"))
+            self.wait_served(f"/apis/{spec['group']}/{version}/{spec['names']['plural']}")
+        return names
 
     def create_service_account(self, namespace: str, name: str) -> None:
         """Create a ServiceAccount (no error when it already exists)."""
