@@ -306,10 +306,17 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help="the shared reconcilers' soak: N `poolkeeper run` processes on one pools file, "
-        "one at a time SIGKILLed or SIGTERMed and restarted",
+        "one at a time SIGKILLed or SIGTERMed and restarted, while Nomad's faults hit",
     )
     chaos.add_argument(
         "--pools", type=int, metavar="P", help="with --reconcilers: how many pools they share (30)"
+    )
+    chaos.add_argument(
+        "--operators",
+        type=int,
+        metavar="K",
+        help="with --reconcilers: K of them `poolkeeper operator` processes reading the pools "
+        "as RunnerPools from a real kube-apiserver on loopback (needs make kube)",
     )
     chaos.set_defaults(handler=_command("controller.lab.chaos"))
 

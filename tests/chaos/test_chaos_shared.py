@@ -12,13 +12,14 @@ import pytest
 from controller.cli import main as cli_main
 from controller.lab.chaos import rendered, run_shared_chaos
 from controller.lab.chaos.report import SHARED, TIER, render_shared_section
+from controller.lab.chaos.schedule import PROCESS_FAULTS, WEIGHTS
 from controller.lab.chaos.shared_soak import SharedProfile, signal_schedule
 
 SEED = 5
 MINUTES = 1.5  # two rounds (a SIGTERM, a SIGKILL): about 2 minutes on a shared 2-core machine
 
 
-def test_the_signals_come_from_the_seed_alone_and_rehearse_both_kinds() -> None:
+def test_the_signals_and_faults_come_from_the_seed_alone_and_rehearse_both_kinds() -> None:
     for minutes in (MINUTES, 30):
         profile = SharedProfile.for_minutes(minutes)
         plan = signal_schedule(SEED, minutes, 3, profile)
@@ -31,9 +32,18 @@ def test_the_signals_come_from_the_seed_alone_and_rehearse_both_kinds() -> None:
             assert low * profile.window_seconds <= planned.at <= high * profile.window_seconds
             # Restarted within the window: the round ends with every reconciler running.
             assert planned.at + planned.restart_after < profile.window_seconds
+            # Nomad's faults, each ended within the window.
+            low_count, high_count = profile.nomad_faults_per_window
+            assert low_count <= len(planned.nomad_faults) <= high_count
+            for event in planned.nomad_faults:
+                assert event.kind not in PROCESS_FAULTS
+                assert event.at > 0 and event.at + event.duration <= profile.window_seconds
     long_plan = signal_schedule(SEED, 30, 3, SharedProfile.for_minutes(30))
     assert {p.reconciler for p in long_plan} == {0, 1, 2}
     assert {p.kind for p in long_plan[2:]} == {"sigkill", "sigterm"}
+    # Every class of Nomad's faults comes up in a long run.
+    drawn = {event.kind for planned in long_plan for event in planned.nomad_faults}
+    assert drawn == set(WEIGHTS) - PROCESS_FAULTS
 
 
 @pytest.mark.parametrize(
@@ -43,7 +53,11 @@ def test_the_signals_come_from_the_seed_alone_and_rehearse_both_kinds() -> None:
         (["--reconcilers", "1"], "--reconcilers must be at least 2"),
         (["--reconcilers", "3", "--api-tier"], "two different soaks"),
         (["--reconcilers", "3", "--pools", "2"], "--pools must be at least --reconcilers"),
+        (["--operators", "1"], "--operators needs --reconcilers"),
+        (["--reconcilers", "3", "--operators", "4"], "--operators must be between 0 and"),
+        (["--reconcilers", "3", "--operators", "-1"], "--operators must be between 0 and"),
         (["--report", "r.json"], "--report renders a saved report"),
+        (["--report", "r.json", "--operators", "1"], "--report renders"),
         (["--report", "r.json", "--markdown", "p.md", "--api-tier"], "--report renders"),
     ],
 )
@@ -110,6 +124,7 @@ def _report() -> dict[str, object]:
         "load_average_at_start": [1.0, 1.0, 1.0],
         "load_average_at_end": [2.0, 1.0, 1.0],
         "reconcilers": 3,
+        "operators": 1,
         "pools": 30,
         "idle_runners_target": 45,
         "clients": 4,
@@ -122,6 +137,8 @@ def _report() -> dict[str, object]:
         "initial_balance_seconds": 20.0,
         "sigterm_every_pool_held_again_seconds": [0.4],
         "sigkill_every_pool_held_again_seconds": [],
+        "every_pool_held_again_in_api_faults_seconds": [],
+        "faults_injected": {"no_leader": 1, "node_down": 2},
         "pool_without_live_holder_seconds_max": 0.4,
         "balanced_after_round_seconds_max": 11.0,
         "convergence_p50_seconds": 2.0,
@@ -164,14 +181,20 @@ def test_the_section_renders_every_round() -> None:
     assert section.startswith(SHARED.begin) and section.rstrip().endswith(SHARED.end)
     assert "| 0 | sigterm | reconciler-2 | 30.0 | 1.2 | 0.4 | 12.5 | 11.0 |" in section
     assert "- none" in section  # no violation
+    assert "| Nomad's faults injected | no_leader 1, node_down 2 |" in section
+    assert "(operators among them); pools (idle runners in all); clients | 3 (1); 30 (45); 4 |" in (
+        section
+    )
 
 
 @pytest.mark.slow
 async def test_short_shared_soak_holds_every_invariant(tmp_path: Path) -> None:
-    report = await run_shared_chaos(SEED, MINUTES, tmp_path, reconcilers=3, pools=30)
+    # One of the three is an operator reading the pools as RunnerPools from a kube-apiserver.
+    report = await run_shared_chaos(SEED, MINUTES, tmp_path, reconcilers=3, pools=30, operators=1)
     assert report["invariant_violations"] == [], report["invariant_violations"]
     assert (report["sigterms"], report["sigkills"]) == (1, 1), report["convergence_by_round"]
     assert report["reconciler_starts"] == 3 + 2
+    assert report["operators"] == 1
     assert report["double_claims"] == 0
     assert report["claims_lost"] == 0
     assert report["claims_never_answered"] == 0
@@ -184,7 +207,15 @@ async def test_short_shared_soak_holds_every_invariant(tmp_path: Path) -> None:
     # Every pool converged after each round, and the leases were balanced again.
     assert report["convergence_samples"] == 30 * report["rounds"]
     assert all(r["balanced_after"] is not None for r in report["convergence_by_round"])
-    assert len(report["sigterm_every_pool_held_again_seconds"]) == 1
-    assert len(report["sigkill_every_pool_held_again_seconds"]) == 1
+    # Every pool held again after each signal (or, when an API fault stopped the leases
+    # meanwhile, counted apart).
+    takeovers = (
+        report["sigterm_every_pool_held_again_seconds"]
+        + report["sigkill_every_pool_held_again_seconds"]
+        + report["every_pool_held_again_in_api_faults_seconds"]
+    )
+    assert len(takeovers) == 2, report["convergence_by_round"]
+    # Nomad's faults hit the pools meanwhile.
+    assert sum(report["faults_injected"].values()) >= 4, report["faults"]
     assert report["claims_served"] >= 10
     assert all(excess == 0 for excess in report["max_runners_excess"].values())

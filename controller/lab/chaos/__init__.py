@@ -45,7 +45,9 @@ two `poolkeeper api` replicas behind HAProxy, one reconciler, API replicas SIGKI
 
 `--reconcilers N` (with `--pools P`, 30 by default) runs the shared reconcilers' soak
 instead (shared_soak.py says what it does and checks): N `poolkeeper run` processes on one
-pools file of P pools, one at a time SIGKILLed or SIGTERMed and restarted.
+pools file of P pools, one at a time SIGKILLed or SIGTERMed and restarted, while Nomad's
+faults hit; with `--operators K`, K of the N are `poolkeeper operator` processes reading
+the pools from a real kube-apiserver (built by `make kube`).
 """
 
 # The parts, each in its own module: schedule (the faults drawn from the seed), world (the
@@ -80,6 +82,7 @@ from controller.lab.chaos.schedule import FAULT_KINDS, Profile, make_schedule
 from controller.lab.chaos.shared_soak import shared_soak
 from controller.lab.chaos.soak import soak
 from controller.lab.chaos.tier_soak import tier_soak
+from controller.lab.kube import bin_dir, missing_binaries
 
 __all__ = [
     "FAULT_KINDS",
@@ -123,23 +126,27 @@ async def run_shared_chaos(
     *,
     reconcilers: int = 3,
     pools: int = DEFAULT_SHARED_POOLS,
+    operators: int = 0,
 ) -> dict[str, Any]:
     """One shared reconcilers' soak; the processes' logs stay in `workdir` when one is given."""
     if workdir is not None:
-        return await shared_soak(seed, minutes, workdir, reconcilers, pools)
+        return await shared_soak(seed, minutes, workdir, reconcilers, pools, operators)
     with tempfile.TemporaryDirectory(prefix="poolkeeper-chaos-") as scratch:
-        return await shared_soak(seed, minutes, Path(scratch), reconcilers, pools)
+        return await shared_soak(seed, minutes, Path(scratch), reconcilers, pools, operators)
 
 
 def _usage_error(args: argparse.Namespace) -> str | None:
     if getattr(args, "report", None) is not None:
-        others = ("api_tier", "reconcilers", "pools", "json_file", "workdir")
+        others = ("api_tier", "reconcilers", "pools", "operators", "json_file", "workdir")
         if not getattr(args, "markdown", None) or any(getattr(args, o, None) for o in others):
             return "--report renders a saved report: it goes with --markdown and nothing else"
         return None
     reconcilers = getattr(args, "reconcilers", None)
     pools = getattr(args, "pools", None)
+    operators = getattr(args, "operators", None)
     if reconcilers is None:
+        if operators is not None:
+            return "--operators needs --reconcilers"
         return "--pools needs --reconcilers" if pools is not None else None
     if getattr(args, "api_tier", False):
         return "--reconcilers and --api-tier are two different soaks: choose one"
@@ -147,6 +154,10 @@ def _usage_error(args: argparse.Namespace) -> str | None:
         return f"--reconcilers must be at least 2 (to share the pools), not {reconcilers}"
     if pools is not None and pools < reconcilers:
         return f"--pools must be at least --reconcilers ({reconcilers}), not {pools}"
+    if operators is not None and not 0 <= operators <= reconcilers:
+        return f"--operators must be between 0 and --reconcilers ({reconcilers}), not {operators}"
+    if operators and (missing := missing_binaries()):
+        return f"--operators needs {', '.join(missing)} in {bin_dir()}: run make kube"
     return None
 
 
@@ -200,8 +211,11 @@ def main(args: argparse.Namespace) -> int:
     if workdir is not None:
         workdir.mkdir(parents=True, exist_ok=True)
     if reconcilers is not None:
+        operators = getattr(args, "operators", None) or 0
         report = asyncio.run(
-            run_shared_chaos(seed, minutes, workdir, reconcilers=reconcilers, pools=pools)
+            run_shared_chaos(
+                seed, minutes, workdir, reconcilers=reconcilers, pools=pools, operators=operators
+            )
         )
     else:
         run = run_tier_chaos if api_tier else run_chaos

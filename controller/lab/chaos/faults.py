@@ -41,23 +41,20 @@ async def _later(seconds: float, action: Callable[[], Awaitable[None]]) -> None:
 
 
 @dataclass
-class Faults:
-    """Injects one scheduled fault at a time, ends the timed ones after their duration,
-    and ends every fault at once when a fault window closes."""
+class NomadFaults:
+    """Injects one scheduled fault of Nomad's (the simulator's) at a time, ends the timed
+    ones after their duration, and ends every fault at once when a fault window closes."""
 
     sim: Simulator
     world: World
-    controller: ControllerProcess
-    rival: ControllerProcess
     hit: FaultedRunners = field(init=False, default_factory=FaultedRunners)
     injected: Counter[str] = field(init=False, default_factory=Counter)
     log: list[dict[str, Any]] = field(init=False, default_factory=list)
-    restarts: int = field(init=False, default=0)
-    rival_starts: int = field(init=False, default=0)
-    # Seconds from a SIGTERM until the other controller held every lease.
-    handovers: list[float] = field(init=False, default_factory=list)
     down_nodes: set[str] = field(init=False, default_factory=set)
     drained_nodes: set[str] = field(init=False, default_factory=set)
+    # time.monotonic() until which the API is refused, leaderless or slow: no lease is
+    # renewed meanwhile, so a pool may be without a holder.
+    api_faulted_until: float = field(init=False, default=0.0)
     # The ends of timed faults and the handover timers, cancelled when the window closes.
     _pending: list[asyncio.Task[None]] = field(init=False, default_factory=list)
 
@@ -72,8 +69,7 @@ class Faults:
         self.log.append({"round": round_index, **event.to_dict(), "hit": target})
 
     async def end_all(self) -> None:
-        """Every fault off, every node back, the second controller SIGKILLed and the
-        controller running."""
+        """Every fault off and every node back."""
         for task in self._pending:
             task.cancel()
         await asyncio.gather(*self._pending, return_exceptions=True)
@@ -89,8 +85,10 @@ class Faults:
             await self._node_up(node)
         for node in sorted(self.drained_nodes):
             await self._undrain(node)
-        await self.rival.kill()
-        await self.controller.ensure_running()
+        self.api_faulted_until = min(self.api_faulted_until, time.monotonic())
+
+    def api_faulted(self) -> bool:
+        return time.monotonic() < self.api_faulted_until
 
     async def _strike(self, event: FaultEvent) -> Any:
         """Injects one fault; what it hit, for the fault log."""
@@ -112,6 +110,8 @@ class Faults:
             return None
         if kind in API_FAULTS:
             self.sim.api_fault(API_FAULTS[kind], event.duration, slow_ms=event.value or 1000)
+            ends = time.monotonic() + event.duration
+            self.api_faulted_until = max(self.api_faulted_until, ends)
             return seconds
         if kind == "no_capacity":
             self.sim.no_capacity(True)
@@ -125,12 +125,6 @@ class Faults:
             self.sim.set_start_delay(event.value)
             self._after(event.duration, self._start_delay_back)
             return {"start_delay": round(event.value, 2)}
-        if kind == "sigkill":
-            return await self._sigkill(event)
-        if kind == "sigterm":
-            return await self._sigterm(event)
-        if kind == "second_controller":
-            return await self._start_rival(event)
         return None
 
     def _after(self, seconds: float, action: Callable[[], Awaitable[None]]) -> None:
@@ -178,6 +172,53 @@ class Faults:
             await self.sim.drain_node(node, deadline_seconds=event.value)
             self._after(event.duration, lambda: self._undrain(node))
         return {"node": node, "runners": runners}
+
+    async def _node_up(self, node: str) -> None:
+        if node in self.down_nodes:
+            self.down_nodes.discard(node)
+            await self.sim.node_up(node)
+
+    async def _undrain(self, node: str) -> None:
+        if node in self.drained_nodes:
+            self.drained_nodes.discard(node)
+            await self.sim.drain_node(node, enable=False, mark_eligible=True)
+
+    async def _capacity_back(self) -> None:
+        self.sim.no_capacity(False)
+
+    async def _starts_back(self) -> None:
+        self.sim.fail_starts("*", on=False)
+
+    async def _start_delay_back(self) -> None:
+        self.sim.set_start_delay(START_DELAY)
+
+
+@dataclass
+class Faults(NomadFaults):
+    """Nomad's faults, and the controller's: SIGKILL, SIGTERM and a second controller."""
+
+    controller: ControllerProcess
+    rival: ControllerProcess
+    restarts: int = field(init=False, default=0)
+    rival_starts: int = field(init=False, default=0)
+    # Seconds from a SIGTERM until the other controller held every lease.
+    handovers: list[float] = field(init=False, default_factory=list)
+
+    async def end_all(self) -> None:
+        """Every fault off, every node back, the second controller SIGKILLed and the
+        controller running."""
+        await super().end_all()
+        await self.rival.kill()
+        await self.controller.ensure_running()
+
+    async def _strike(self, event: FaultEvent) -> Any:
+        if event.kind == "sigkill":
+            return await self._sigkill(event)
+        if event.kind == "sigterm":
+            return await self._sigterm(event)
+        if event.kind == "second_controller":
+            return await self._start_rival(event)
+        return await super()._strike(event)
 
     async def _sigkill(self, event: FaultEvent) -> Any:
         if self.controller.proc is None:
@@ -234,22 +275,3 @@ class Faults:
                 return
             await asyncio.sleep(0.05)
         # Not a violation: a holder that cannot reach Nomad cannot release its leases.
-
-    async def _node_up(self, node: str) -> None:
-        if node in self.down_nodes:
-            self.down_nodes.discard(node)
-            await self.sim.node_up(node)
-
-    async def _undrain(self, node: str) -> None:
-        if node in self.drained_nodes:
-            self.drained_nodes.discard(node)
-            await self.sim.drain_node(node, enable=False, mark_eligible=True)
-
-    async def _capacity_back(self) -> None:
-        self.sim.no_capacity(False)
-
-    async def _starts_back(self) -> None:
-        self.sim.fail_starts("*", on=False)
-
-    async def _start_delay_back(self) -> None:
-        self.sim.set_start_delay(START_DELAY)

@@ -1,6 +1,7 @@
 """The soak's processes against the simulator: controllers (`python -m controller run`),
-each with its own pools file, and API replicas (`python -m controller api`); each with its
-own port and logs."""
+each with its own pools file, operators (`python -m controller operator`) reading the same
+pools as RunnerPools from a real kube-apiserver, and API replicas (`python -m controller
+api`); each with its own port and logs."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -29,10 +31,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def pools_file(folder: Path, extra_idle: int, pools: tuple[PoolSpec, ...] = POOLS) -> Path:
+def pool_documents(pools: tuple[PoolSpec, ...], extra_idle: int = 0) -> list[dict[str, Any]]:
     """The soak's pools as RunnerPool documents, `extra_idle` more idle runners each."""
-    path = folder / "pools.yaml"
-    documents = [
+    return [
         {
             "apiVersion": "poolkeeper.dev/v1alpha1",
             "kind": "RunnerPool",
@@ -47,7 +48,12 @@ def pools_file(folder: Path, extra_idle: int, pools: tuple[PoolSpec, ...] = POOL
         }
         for p in pools
     ]
-    path.write_text(yaml.safe_dump_all(documents))
+
+
+def pools_file(folder: Path, extra_idle: int, pools: tuple[PoolSpec, ...] = POOLS) -> Path:
+    """The soak's pools in a pools file, `extra_idle` more idle runners each."""
+    path = folder / "pools.yaml"
+    path.write_text(yaml.safe_dump_all(pool_documents(pools, extra_idle)))
     return path
 
 
@@ -86,10 +92,11 @@ class ControllerProcess:
 
     def arguments(self) -> list[str]:
         """The command after `python -m controller`."""
+        return ["run", "--pools", str(self.pools_file), *self.serving_arguments()]
+
+    def serving_arguments(self) -> list[str]:
+        """Where it listens, how often it resyncs, its API token: the same for each kind."""
         return [
-            "run",
-            "--pools",
-            str(self.pools_file),
             "--listen",
             f"127.0.0.1:{self.port}",
             "--resync-seconds",
@@ -98,13 +105,22 @@ class ControllerProcess:
             str(self.token_file),
         ]
 
+    def environment(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("NOMAD_", "POOLKEEPER_"))}
+        env["NOMAD_ADDR"] = self.sim_url
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def identity(self) -> str | None:
+        """The running incarnation's identity, as its leases and Nomad's write audit name
+        it (None when it is down)."""
+        return None if self.proc is None else f"{socket.gethostname()}/{self.proc.pid}"
+
     async def start(self) -> None:
         self.incarnation += 1
         log_path = self.workdir / f"{self.name}-{self.incarnation}.log"
         self.logs.append(log_path)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("NOMAD_", "POOLKEEPER_"))}
-        env["NOMAD_ADDR"] = self.sim_url
-        env["PYTHONUNBUFFERED"] = "1"
+        env = self.environment()
         with log_path.open("wb") as log:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -202,3 +218,27 @@ class ApiReplica(ControllerProcess):
             "--api-token-file",
             str(self.token_file),
         ]
+
+
+class OperatorProcess(ControllerProcess):
+    """`python -m controller operator` watching the RunnerPools of the soak's namespace in a
+    kube-apiserver, as a chart's replica does (no kopf peering). Each incarnation has an
+    identity of its own (POD_NAME), as a pod its Deployment replaces does."""
+
+    name = "operator"
+
+    def __init__(self, workdir: Path, sim_url: str, port: int, kubeconfig: Path, name: str) -> None:
+        super().__init__(workdir, sim_url, port, None, name)
+        self.kubeconfig = kubeconfig
+
+    def arguments(self) -> list[str]:
+        return ["operator", "--namespace", NAMESPACE, *self.serving_arguments()]
+
+    def environment(self) -> dict[str, str]:
+        env = super().environment()
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        env["POD_NAME"] = f"{self.name}-{self.incarnation}"
+        return env
+
+    def identity(self) -> str | None:
+        return None if self.proc is None else f"{self.name}-{self.incarnation}"

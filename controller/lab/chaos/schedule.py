@@ -32,6 +32,8 @@ WEIGHTS: dict[str, int] = {
     "second_controller": 2,
 }
 FAULT_KINDS: tuple[str, ...] = tuple(WEIGHTS)
+# The faults done to the controllers rather than to Nomad.
+PROCESS_FAULTS = frozenset({"sigkill", "sigterm", "second_controller"})
 # The SIGTERMed holder of the rehearsal comes back only once the handover has happened.
 REHEARSAL_RESTART_SECONDS = 3.0
 REHEARSED = frozenset({"second_controller", "sigterm"})
@@ -122,23 +124,7 @@ def make_schedule(seed: int, minutes: float, profile: Profile) -> list[Round]:
             chosen = [k for k in chosen if k not in REHEARSED]
             chosen += [] if "sigkill" in chosen else ["sigkill"]
             events = _handover_rehearsal(rng, window)
-        for kind in chosen:
-            at = rng.uniform(0.5, window * 0.85)
-            # The second controller may outlive a takeover (2 x TTL + delay after the
-            # holder's SIGKILL), so that it sometimes wins the lease and writes the pools.
-            longest = window - at if kind == "second_controller" else min(12.0, window - at)
-            duration = rng.uniform(1.0, longest) if kind in TIMED else 0.0
-            # Every event draws all six values and keeps its kind's one: the schedule of a
-            # seed depends on these draws, so they stay even where a kind needs none.
-            value = {
-                "drain": rng.uniform(0.5, 4.0),
-                "event_delay": rng.uniform(200, 2000),
-                "slow_api": rng.uniform(300, 2500),
-                "slow_starts": rng.uniform(0.5, 3.0),
-                "sigkill": rng.uniform(0.1, 3.0),
-                "sigterm": rng.uniform(0.1, 3.0),
-            }.get(kind, 0.0)
-            events.append(FaultEvent(at, kind, rng.random(), duration, value))
+        events += [draw_event(rng, kind, window) for kind in chosen]
         # A closing burst right before the faults stop, so that the convergence time
         # measures a recovery (a restart, lost nodes and runners), not a settled pool.
         for kind in rng.sample(CLOSING, k=rng.randint(1, 3)):
@@ -148,6 +134,33 @@ def make_schedule(seed: int, minutes: float, profile: Profile) -> list[Round]:
         events.sort(key=lambda e: e.at)
         schedule.append(Round(index, tuple(events)))
     return schedule
+
+
+def draw_event(rng: random.Random, kind: str, window: float) -> FaultEvent:
+    """One fault of `kind` somewhere in a window of `window` seconds."""
+    at = rng.uniform(0.5, window * 0.85)
+    # The second controller may outlive a takeover (2 x TTL + delay after the holder's
+    # SIGKILL), so that it sometimes wins the lease and writes the pools.
+    longest = window - at if kind == "second_controller" else min(12.0, window - at)
+    duration = rng.uniform(1.0, longest) if kind in TIMED else 0.0
+    # Every event draws all six values and keeps its kind's one: the schedule of a seed
+    # depends on these draws, so they stay even where a kind needs none.
+    value = {
+        "drain": rng.uniform(0.5, 4.0),
+        "event_delay": rng.uniform(200, 2000),
+        "slow_api": rng.uniform(300, 2500),
+        "slow_starts": rng.uniform(0.5, 3.0),
+        "sigkill": rng.uniform(0.1, 3.0),
+        "sigterm": rng.uniform(0.1, 3.0),
+    }.get(kind, 0.0)
+    return FaultEvent(at, kind, rng.random(), duration, value)
+
+
+def nomad_faults(rng: random.Random, count: int, window: float) -> tuple[FaultEvent, ...]:
+    """`count` of Nomad's faults (no controller's) in a window, drawn by WEIGHTS."""
+    kinds = [kind for kind in WEIGHTS if kind not in PROCESS_FAULTS]
+    chosen = rng.choices(kinds, [WEIGHTS[kind] for kind in kinds], k=count)
+    return tuple(sorted((draw_event(rng, kind, window) for kind in chosen), key=lambda e: e.at))
 
 
 def _handover_rehearsal(rng: random.Random, window: float) -> list[FaultEvent]:
