@@ -418,8 +418,9 @@ class NomadClient:
         except (NomadConflict, NomadNotFound):
             return False
         except NomadUnavailable as error:
-            # Nomad 1.7.0 answered a lost lock with a 500 naming it.
-            if error.status == 500 and "lock" in str(error):
+            # Nomad 1.7.0 answered a lost lock with a 500 naming it (in its answer: the
+            # message names the lock-renew request too); one without a leader is no answer.
+            if error.status == 500 and error.maybe_applied and "lock" in error.body:
                 return False
             raise
         return True
@@ -629,7 +630,8 @@ class NomadClient:
     def _http_failure(self, where: str, status: int, raw: bytes) -> _Outcome:
         code = str(status)
         text = self._text(raw)
-        message = f"{where}: {status} {text[:_BODY_LIMIT].strip()}"
+        body = text[:_BODY_LIMIT].strip()
+        message = f"{where}: {status} {body}"
         error: NomadError
         if status == 409:
             try:
@@ -657,4 +659,5 @@ class NomadClient:
             error = NomadUnavailable(message, status=status)
         else:
             error = NomadError(message, status=status)
+        error.body = body
         return _Outcome(code, error=error)

@@ -16,6 +16,7 @@ class NomadError(Exception):
         super().__init__(message)
         self.status = status
         self.index: int | None = None  # the answer's X-Nomad-Index, when it had one
+        self.body = ""  # the start of Nomad's answer, when it gave one
 
 
 class NomadUnavailable(NomadError):

@@ -726,3 +726,23 @@ async def test_a_closed_client_refuses_calls(make_client):
     await client.close()
     with pytest.raises(NomadUnavailable, match="closed"):
         await client.leader()
+
+
+async def test_a_lock_renewal_without_a_leader_fails_and_never_says_the_lock_is_lost(
+    serve, make_client
+):
+    path = "poolkeeper/leases/default~py"
+    fake = await serve({f"PUT /v1/var/{path}": sequence(lambda: text(500, "No cluster leader"))})
+    client = make_client(fake.url, attempts=2)
+    # The lock is still ours: the holder fences itself by time and renews after the fault.
+    with pytest.raises(NomadUnavailable):
+        await client.renew_lock(path, "default", "lock-1")
+
+
+async def test_a_lock_renewal_refused_for_the_lock_says_it_is_lost(serve, make_client):
+    path = "poolkeeper/leases/default~py"
+    fake = await serve(
+        {f"PUT /v1/var/{path}": sequence(lambda: text(500, "rpc error: variable lock not held"))}
+    )
+    client = make_client(fake.url)
+    assert await client.renew_lock(path, "default", "lock-1") is False
