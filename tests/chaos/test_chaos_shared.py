@@ -5,6 +5,11 @@ schedule, its flags, its part of docs/reliability.md, and a short run of it (the
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -219,3 +224,43 @@ async def test_short_shared_soak_holds_every_invariant(tmp_path: Path) -> None:
     assert sum(report["faults_injected"].values()) >= 4, report["faults"]
     assert report["claims_served"] >= 10
     assert all(excess == 0 for excess in report["max_runners_excess"].values())
+
+
+@pytest.mark.slow
+def test_a_sigterm_stops_the_soak_and_every_process_it_started(tmp_path: Path) -> None:
+    """A soak stopped from outside (a CI timeout, `kill`) leaves no reconciler, operator,
+    etcd or kube-apiserver running."""
+    workdir = tmp_path / "soak"
+    soak = subprocess.Popen(
+        [sys.executable, "-m", "controller", "chaos", "--reconcilers", "2", "--operators", "1",
+         "--pools", "2", "--minutes", "1", "--workdir", str(workdir)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while len(_started_by(workdir)) < 4:  # etcd, kube-apiserver and both reconcilers
+            assert soak.poll() is None and time.monotonic() < deadline, "the soak did not start"
+            time.sleep(0.2)
+        soak.send_signal(signal.SIGTERM)
+        _, err = soak.communicate(timeout=60)
+        assert soak.returncode == 143, err
+        assert "stopped by SIGTERM" in err
+        assert _started_by(workdir) == []
+    finally:
+        soak.kill()
+        for pid in _started_by(workdir):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _started_by(workdir: Path) -> list[int]:
+    """The live processes whose command line names `workdir` (zombies are not alive)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError, ValueError):
+            continue
+        if str(workdir) in command and state != "Z" and "controller chaos" not in command:
+            found.append(int(proc.name))
+    return found

@@ -64,8 +64,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 import tempfile
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +100,7 @@ __all__ = [
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+EXIT_SIGTERM = 128 + signal.SIGTERM
 DEFAULT_SHARED_POOLS = 30
 # Left out of the summary printed: long lists that the JSON report keeps.
 DETAIL_KEYS = ("faults", "convergence_by_round", "kills", "failures")
@@ -189,6 +192,13 @@ def render_saved(saved: Path, markdown: Path) -> int:
     return EXIT_OK
 
 
+async def _until_sigterm(soak_run: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
+    """The soak's report; a SIGTERM cancels it, and it stops every process it started."""
+    task = asyncio.ensure_future(soak_run)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    return await task
+
+
 def main(args: argparse.Namespace) -> int:
     minutes = float(args.minutes)
     seed = int(args.seed)
@@ -212,14 +222,16 @@ def main(args: argparse.Namespace) -> int:
         workdir.mkdir(parents=True, exist_ok=True)
     if reconcilers is not None:
         operators = getattr(args, "operators", None) or 0
-        report = asyncio.run(
-            run_shared_chaos(
-                seed, minutes, workdir, reconcilers=reconcilers, pools=pools, operators=operators
-            )
+        soak_run = run_shared_chaos(
+            seed, minutes, workdir, reconcilers=reconcilers, pools=pools, operators=operators
         )
     else:
-        run = run_tier_chaos if api_tier else run_chaos
-        report = asyncio.run(run(seed, minutes, workdir))
+        soak_run = (run_tier_chaos if api_tier else run_chaos)(seed, minutes, workdir)
+    try:
+        report = asyncio.run(_until_sigterm(soak_run))
+    except asyncio.CancelledError:
+        print("poolkeeper chaos: stopped by SIGTERM; no report", file=sys.stderr)
+        return EXIT_SIGTERM
     summary = {k: v for k, v in report.items() if k not in DETAIL_KEYS}
     print(json.dumps(summary, indent=2))
     json_file = getattr(args, "json_file", None)
