@@ -105,7 +105,7 @@ class Leases:
         self._monotonic = monotonic
         self._leases: dict[str, _Lease] = {}
         self._running = False
-        self._stopped = False  # stop() ran: no lease is taken again
+        self._stopped = False  # stop() ran: no lease is taken until start() again
         self._members = members
         # The pools assigned to this process (None: take any, as without members); empty
         # until the members were first read.
@@ -218,7 +218,7 @@ class Leases:
     # -- running -----------------------------------------------------------------------
 
     def start(self) -> None:
-        self._running = True
+        self._running, self._stopped = True, False  # an operator replica active again
         for lease in self._leases.values():
             self._follow(lease)
         if self._members is not None and self._balancer is None:
@@ -375,8 +375,15 @@ class Leases:
         return self._target is None or not lease.spec_hash or lease.key in self._target
 
     async def _keep_balancing(self) -> None:
+        """Balance every TTL/3, whatever one round does (a failure is logged): a balancer
+        that stopped would leave this process taking any free lease, or its member record
+        expiring, for good."""
         while True:
-            await self._balance()
+            try:
+                await self._balance()
+            except Exception:
+                log.exception("balancing the leases failed; trying again")
+                self._target = None
             await asyncio.sleep(self.ttl / 3)
 
     async def _balance(self, *, beat: bool = True) -> None:
@@ -387,11 +394,15 @@ class Leases:
             spread = {k: lease for k, lease in self._leases.items() if lease.spec_hash}
             self._read_at = self._monotonic()
             try:
-                if beat:
-                    await self._members.beat(spread, [key for key in spread if self.holds(key)])
-                membership = await self._members.live()
-            except NomadError as error:
-                log.warning("reading the reconcilers sharing the pools: %s", error)
+                # Bounded: every lease waiting to be taken waits for this lock.
+                async with asyncio.timeout(self.ttl):
+                    if beat:
+                        held = [key for key in spread if self.holds(key)]
+                        await self._members.beat(spread, held)
+                    membership = await self._members.live()
+            except (NomadError, TimeoutError) as error:
+                why = str(error) or f"no answer within {self.ttl:g} s"
+                log.warning("reading the reconcilers sharing the pools: %s", why)
                 self._target = None  # leases still keep every pool to one holder
                 return
             members, holders = membership.defines, membership.holders

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from typing import Any
 
 import pytest
@@ -17,8 +18,10 @@ from controller.core.leases import (
 )
 from controller.core.times import utcnow
 from controller.engine.leases import Leases
+from controller.engine.members import Members, Membership
 from controller.nomad.errors import NomadUnavailable
 from controller.nomad.port import LockTerms
+from tests.support.waiting import wait_until
 
 KEY = "default/py.312"
 TTL = 10.0
@@ -390,10 +393,56 @@ async def test_a_write_that_never_lands_keeps_the_lock_until_it_expires(world) -
     assert not leases.holds(KEY)
 
 
-async def test_a_stopped_process_takes_no_lease_again(world) -> None:
+async def test_a_stopped_process_takes_no_lease_until_it_starts_again(world) -> None:
     port, _, _, leases = world
     await leases.stop(release=True)
     leases.want(KEY, "default", "spec-a")  # a pass still finishing after the stop
     await leases.refresh([KEY])
     assert not leases.holds(KEY)
     assert port.held == {}
+    leases.start()  # an operator replica active again
+    await leases.refresh([KEY])
+    assert leases.holds(KEY)
+    await leases.stop(release=True)
+
+
+class StallingMembers(Members):
+    """Members whose first reading never ends and whose second fails as no Nomad call
+    should; from the third on, `other/2` defines the same pools."""
+
+    def __init__(self, pools: frozenset[str]) -> None:
+        super().__init__(FakeLocks(), "default", "host/1", TTL, utcnow)  # type: ignore[arg-type]
+        self.pools = pools
+        self.readings = 0
+
+    async def beat(self, pools: Collection[str], holds: Collection[str]) -> None:
+        pass
+
+    async def live(self) -> Membership:
+        self.readings += 1
+        if self.readings == 1:
+            await asyncio.Event().wait()
+        if self.readings == 2:
+            raise RuntimeError("a reading that failed in no way Nomad's calls do")
+        return Membership({"host/1": self.pools, "other/2": self.pools}, {})
+
+
+async def test_the_balancer_outlives_a_reading_that_hangs_or_fails() -> None:
+    pools = frozenset({KEY, "default/other"})
+    members = StallingMembers(pools)
+    leases = Leases(
+        FakeLocks(), "host/1", lambda event: None, ttl_seconds=0.3, on_change=lambda ns: None,
+        members=members,
+    )  # fmt: skip
+    for key in pools:
+        leases.want(key, "default", "spec-a")
+    leases.start()
+    try:
+        await wait_until(
+            lambda: sum(leases.holds(key) for key in pools) == 1,  # its share of the two
+            within=10,
+            what="the balancer to read the members again and take its share",
+        )
+        assert members.readings >= 3
+    finally:
+        await leases.stop(release=False)
