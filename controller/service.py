@@ -124,7 +124,9 @@ class Service:
             own=self._published_here,
             wanted=self._held_elsewhere,
         )
-        self.directory = EngineDirectory(self.engine, ring=self._ring_claims, catalog=self.catalog)
+        self.directory = EngineDirectory(
+            self.engine, ring=self._ring_claims, catalog=self.catalog, unread=self.pools_unread
+        )
         poseidon = settings.poseidon
         self.environments = (
             EnvironmentStore(
@@ -172,6 +174,12 @@ class Service:
         """Whether this process gives the engine pools now (a passive operator replica
         does not)."""
         return True
+
+    def pools_unread(self) -> str | None:
+        """Why the engine may lack some of the pools defined now (None: it has them all,
+        as a pools file read before serving gives them); claims and runner requests
+        answer 503 rather than 404 meanwhile."""
+        return None
 
     def _held_elsewhere(self) -> bool:
         """Whether a pool this process defines is reconciled by another (offered from the

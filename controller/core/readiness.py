@@ -28,10 +28,13 @@ class Readiness:
     elsewhere: Mapping[str, str] = field(default_factory=dict)  # pool -> its live holder
     unreconciled: tuple[str, ...] = ()  # pools this process should reconcile; nobody does
     reason: str = ""  # why it serves nothing (a passive operator replica)
+    waiting: str = ""  # what it waits for before it knows every pool (RunnerPools listed)
 
     @property
     def ready(self) -> bool:
-        return bool(self.serves) and not self.unobserved and not self.unreconciled
+        return (
+            bool(self.serves) and not self.unobserved and not self.unreconciled and not self.waiting
+        )
 
     def to_dict(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -42,6 +45,8 @@ class Readiness:
             "reconciledElsewhere": dict(self.elsewhere),
             "notReconciled": list(self.unreconciled),
         }
+        if self.waiting:
+            body["waitingFor"] = self.waiting
         return body | ({"reason": self.reason} if self.reason else {})
 
     @classmethod

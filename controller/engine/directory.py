@@ -169,13 +169,17 @@ class EngineDirectory:
         engine: Engine,
         ring: Callable[[str], None] | None = None,
         catalog: CatalogDirectory | None = None,
+        unread: Callable[[], str | None] = lambda: None,
     ) -> None:
         """`ring`: tells the reconcilers of other processes that a pool's claims changed
         (the doorbell, when one is configured); `catalog`: where the pools other processes
-        hold are offered (None: the engine observes every pool it registered)."""
+        hold are offered (None: the engine observes every pool it registered); `unread`:
+        why the engine may not have every pool yet (their definitions are still being
+        read), None once it has."""
         self._engine = engine
         self._ring = ring
         self._catalog = catalog
+        self._unread = unread
         self.pools: Mapping[str, PoolEntry] = _Entries(engine, catalog)
 
     def pool_for_runner(self, runner_id: str) -> PoolEntry | None:
@@ -189,7 +193,9 @@ class EngineDirectory:
         return self._engine.node_named(name)
 
     def available(self) -> str | None:
-        return None  # the engine reads Nomad itself; a failed read fails the request
+        # The engine reads Nomad itself (a failed read fails the request); an unknown pool
+        # is no answer while the definitions are still being read.
+        return self._unread()
 
     def runners_taken(self, entry: PoolEntry) -> None:
         self._changed(entry)

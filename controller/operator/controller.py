@@ -47,6 +47,10 @@ log = logging.getLogger(__name__)
 TERMINATING: Final = "Terminating"
 NOMAD_WARNING_EVERY: Final = 30.0
 FINALIZE_WAIT_SECONDS: Final = 3.0
+# How often the RunnerPools are listed again while some listed one was not observed yet
+# (one deleted before kopf saw it never will be), or after the listing failed.
+LIST_AGAIN_SECONDS: Final = 1.0
+LOGIN_POLL_SECONDS: Final = 0.05
 # The operator has no --prune: a pool that names the orphans' pool takes them over.
 ORPHAN_ADVICE: Final = (
     "a RunnerPool of that namespace, name and job prefix adopts them, and deleting it drains them"
@@ -88,6 +92,9 @@ class OperatorController(Service):
         self._background: set[asyncio.Task[None]] = set()
         self.activity = Activity(options.peering is not None, self.set_active)
         self._stopped = False
+        # The RunnerPools listed since this replica became active and not observed yet
+        # (None: not listed yet): until none is left, an unknown pool may be one of them.
+        self._unread: set[str] | None = None
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -100,7 +107,36 @@ class OperatorController(Service):
     def readiness(self) -> Readiness:
         if not self.active:
             return Readiness.idle(PASSIVE)
-        return super().readiness()
+        ready = super().readiness()
+        if self._unread is None:
+            return dataclasses.replace(ready, waiting="the RunnerPools to be listed")
+        unread = tuple(sorted(self._unread - set(ready.unobserved)))
+        return dataclasses.replace(ready, unobserved=ready.unobserved + unread)
+
+    def pools_unread(self) -> str | None:
+        if not self.active:
+            return "this replica is not active: it has read no RunnerPool"
+        if self._unread is None:
+            return "the RunnerPools have not been listed yet"
+        if self._unread:
+            return f"{len(self._unread)} RunnerPools listed but not read yet"
+        return None
+
+    async def _list_pools(self) -> None:
+        """List the RunnerPools, and again while some listed one is not observed yet."""
+        while self.active:
+            if self.kube is None:  # kopf activates this replica before it logs in
+                await asyncio.sleep(LOGIN_POLL_SECONDS)
+                continue
+            try:
+                listed = await self.kube.list_pools(self.options.namespaces)
+            except (aiohttp.ClientError, TimeoutError) as error:
+                log.warning("listing the RunnerPools: %s", error)
+            else:
+                self._unread = listed - set(self.registrations)
+                if not self._unread:
+                    return
+            await asyncio.sleep(LIST_AGAIN_SECONDS)
 
     def connect(
         self, settings: kopf.OperatorSettings, connect: Connect
@@ -118,12 +154,13 @@ class OperatorController(Service):
             log.info("this replica is active: reconciling")
             self.active = True
             await self.engine.start()
+            self._spawn(self._list_pools())
             self._spawn(self.resume_drains(lambda: self.active))
             await self.start_environments()
             self.sync_watchers()
         else:
             log.info("this replica is passive: not reconciling")
-            self.active = False
+            self.active, self._unread = False, None
             await self.engine.stop()
             await self.stop_watchers()
             await self.stop_environments()
@@ -163,6 +200,8 @@ class OperatorController(Service):
             return  # an event sneaking in while pausing: kopf lists all again on resume
         meta = body.get("metadata", {})
         ref = ObjectRef(meta.get("namespace", "default"), meta.get("name", ""), meta.get("uid", ""))
+        if self._unread is not None:
+            self._unread.discard(ref.key)
         known = self.registrations.get(ref.key)
         if event_type == "DELETED":
             # Gone without our finalizer (removed by hand): stop managing, leave Nomad.

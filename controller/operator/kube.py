@@ -66,6 +66,16 @@ def _server_message(text: str) -> str:
     return (message if isinstance(message, str) else text)[:MESSAGE_LIMIT]
 
 
+async def _refusal(response: aiohttp.ClientResponse) -> aiohttp.ClientResponseError:
+    """The API server's refusal as an error naming its message."""
+    return aiohttp.ClientResponseError(
+        response.request_info,
+        (),
+        status=response.status,
+        message=_server_message(await response.text()),
+    )
+
+
 @dataclass(frozen=True)
 class ObjectRef:
     namespace: str
@@ -125,13 +135,25 @@ class KubeClient:
             if response.status == 404:
                 return False
             if response.status >= 400:
-                raise aiohttp.ClientResponseError(
-                    response.request_info,
-                    (),
-                    status=response.status,
-                    message=_server_message(await response.text()),
-                )
+                raise await _refusal(response)
             return True
+
+    async def list_pools(self, namespaces: tuple[str, ...]) -> set[str]:
+        """The keys of the RunnerPools in these namespaces (all namespaces when empty) that
+        are not being deleted."""
+        base = f"{self.server}/apis/{GROUP}/{VERSION}"
+        urls = [f"{base}/namespaces/{ns}/{PLURAL}" for ns in namespaces] or [f"{base}/{PLURAL}"]
+        keys: set[str] = set()
+        for url in urls:
+            async with self._client().get(url, ssl=self._ssl) as response:
+                if response.status >= 400:
+                    raise await _refusal(response)
+                listing = await response.json()
+            for item in listing.get("items") or ():
+                meta = item.get("metadata") or {}
+                if not meta.get("deletionTimestamp"):
+                    keys.add(ObjectRef(meta.get("namespace", ""), meta.get("name", ""), "").key)
+        return keys
 
     async def post_event(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
         now = format_time(utcnow().replace(microsecond=0))

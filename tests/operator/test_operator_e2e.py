@@ -351,3 +351,29 @@ async def test_a_pool_made_invalid_while_no_operator_ran_is_still_deleted(
     await cluster.delete_pool("late")
     await wait_until(lambda: cluster.pool("late") is None, what="the object to go")
     assert cluster.jobs("late") == []
+
+
+async def test_a_starting_replica_answers_503_until_it_has_read_the_pools(
+    cluster: Cluster,
+) -> None:
+    """A pool defined before the replica started is no 404 while kopf has not delivered it
+    yet (nor a runner of it): the replica is unready and says so, then serves it."""
+    await cluster.create_pool(pool_doc("early", idle=1))
+    replica = await cluster.start_operator("--namespace", cluster.namespace)
+    base = replica.controller.url
+    async with cluster.http.post(f"{base}/v1/pools/{cluster.namespace}/early/claims") as first:
+        assert first.status == 503, await first.text()
+    async with cluster.http.get(f"{base}/v1/runners/early-0123456789ab") as runner:
+        assert runner.status == 503, await runner.text()
+    async with cluster.http.get(f"{base}/readyz") as readiness:
+        assert readiness.status == 503
+    await wait_until(lambda: len(cluster.jobs("early")) == 1, what="the pool's runner")
+
+    async def ready() -> bool:
+        return await cluster.ready(replica) == 200
+
+    await wait_until(ready, what="the replica ready once it has read the pool")
+    runner_id = await claim(cluster, replica, "early")
+    assert runner_id.startswith("early-")
+    async with cluster.http.get(f"{base}/v1/pools/{cluster.namespace}/nowhere") as unknown:
+        assert unknown.status == 404  # once every pool is read, an unknown one is unknown
