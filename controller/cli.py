@@ -316,7 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="K",
         help="with --reconcilers: K of them `poolkeeper operator` processes reading the pools "
-        "as RunnerPools from a real kube-apiserver on loopback (needs make kube)",
+        "as RunnerPools from a real kube-apiserver on loopback; in the chaos soak, 1: its "
+        "second controller is one (needs make kube)",
     )
     chaos.set_defaults(handler=_command("controller.lab.chaos"))
 

@@ -58,7 +58,8 @@ def test_the_signals_and_faults_come_from_the_seed_alone_and_rehearse_both_kinds
         (["--reconcilers", "1"], "--reconcilers must be at least 2"),
         (["--reconcilers", "3", "--api-tier"], "two different soaks"),
         (["--reconcilers", "3", "--pools", "2"], "--pools must be at least --reconcilers"),
-        (["--operators", "1"], "--operators needs --reconcilers"),
+        (["--operators", "2"], "--operators of the chaos soak is 0 or 1"),
+        (["--api-tier", "--operators", "1"], "not --api-tier"),
         (["--reconcilers", "3", "--operators", "4"], "--operators must be between 0 and"),
         (["--reconcilers", "3", "--operators", "-1"], "--operators must be between 0 and"),
         (["--report", "r.json"], "--report renders a saved report"),
@@ -193,7 +194,7 @@ def test_the_section_renders_every_round() -> None:
 
 
 @pytest.mark.slow
-async def test_short_shared_soak_holds_every_invariant(tmp_path: Path) -> None:
+async def test_short_shared_soak_holds_every_invariant(tmp_path: Path, kube_bin_dir: Path) -> None:
     # One of the three is an operator reading the pools as RunnerPools from a kube-apiserver.
     report = await run_shared_chaos(SEED, MINUTES, tmp_path, reconcilers=3, pools=30, operators=1)
     assert report["invariant_violations"] == [], report["invariant_violations"]
@@ -227,7 +228,9 @@ async def test_short_shared_soak_holds_every_invariant(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_sigterm_stops_the_soak_and_every_process_it_started(tmp_path: Path) -> None:
+def test_a_sigterm_stops_the_soak_and_every_process_it_started(
+    tmp_path: Path, kube_bin_dir: Path
+) -> None:
     """A soak stopped from outside (a CI timeout, `kill`) leaves no reconciler, operator,
     etcd or kube-apiserver running."""
     workdir = tmp_path / "soak"

@@ -3,7 +3,9 @@
 Several pools on the simulator (in-process), a controller as a subprocess (`python -m
 controller run`) that is SIGKILLed (or stopped) and restarted at random moments, a second controller
 with a different spec for the same pools (`idleRunners` + 1) that is started and
-SIGKILLed at random moments, concurrent clients that claim, keep alive, read and release
+SIGKILLed at random moments (with `--operators 1` an operator, `python -m controller
+operator`, reading them as RunnerPools from a kube-apiserver on loopback built by `make
+kube`), concurrent clients that claim, keep alive, read and release
 runners through the HTTP API of either, and a fault schedule drawn up front from
 `random.Random(seed)` that injects every fault the simulator offers. Invariants are
 checked continuously (from the client side and from what the simulator holds) and at the
@@ -106,12 +108,15 @@ DEFAULT_SHARED_POOLS = 30
 DETAIL_KEYS = ("faults", "convergence_by_round", "kills", "failures")
 
 
-async def run_chaos(seed: int, minutes: float, workdir: Path | None = None) -> dict[str, Any]:
-    """One soak; the controller logs stay in `workdir` when one is given."""
+async def run_chaos(
+    seed: int, minutes: float, workdir: Path | None = None, *, operator_rival: bool = False
+) -> dict[str, Any]:
+    """One soak; the controller logs stay in `workdir` when one is given. With
+    `operator_rival` its second controller is an operator."""
     if workdir is not None:
-        return await soak(seed, minutes, workdir)
+        return await soak(seed, minutes, workdir, operator_rival=operator_rival)
     with tempfile.TemporaryDirectory(prefix="poolkeeper-chaos-") as scratch:
-        return await soak(seed, minutes, Path(scratch))
+        return await soak(seed, minutes, Path(scratch), operator_rival=operator_rival)
 
 
 async def run_tier_chaos(seed: int, minutes: float, workdir: Path | None = None) -> dict[str, Any]:
@@ -144,14 +149,25 @@ def _usage_error(args: argparse.Namespace) -> str | None:
         if not getattr(args, "markdown", None) or any(getattr(args, o, None) for o in others):
             return "--report renders a saved report: it goes with --markdown and nothing else"
         return None
+    problem = _shape_error(args)
+    operators = getattr(args, "operators", None)
+    if problem is None and operators and (missing := missing_binaries()):
+        return f"--operators needs {', '.join(missing)} in {bin_dir()}: run make kube"
+    return problem
+
+
+def _shape_error(args: argparse.Namespace) -> str | None:
     reconcilers = getattr(args, "reconcilers", None)
     pools = getattr(args, "pools", None)
     operators = getattr(args, "operators", None)
+    api_tier = getattr(args, "api_tier", False)
     if reconcilers is None:
-        if operators is not None:
-            return "--operators needs --reconcilers"
+        if api_tier and operators is not None:
+            return "--operators goes with the chaos soak or --reconcilers, not --api-tier"
+        if operators is not None and operators not in (0, 1):
+            return f"--operators of the chaos soak is 0 or 1 (its second controller): {operators}"
         return "--pools needs --reconcilers" if pools is not None else None
-    if getattr(args, "api_tier", False):
+    if api_tier:
         return "--reconcilers and --api-tier are two different soaks: choose one"
     if reconcilers < 2:
         return f"--reconcilers must be at least 2 (to share the pools), not {reconcilers}"
@@ -159,8 +175,6 @@ def _usage_error(args: argparse.Namespace) -> str | None:
         return f"--pools must be at least --reconcilers ({reconcilers}), not {pools}"
     if operators is not None and not 0 <= operators <= reconcilers:
         return f"--operators must be between 0 and --reconcilers ({reconcilers}), not {operators}"
-    if operators and (missing := missing_binaries()):
-        return f"--operators needs {', '.join(missing)} in {bin_dir()}: run make kube"
     return None
 
 
@@ -225,8 +239,11 @@ def main(args: argparse.Namespace) -> int:
         soak_run = run_shared_chaos(
             seed, minutes, workdir, reconcilers=reconcilers, pools=pools, operators=operators
         )
+    elif api_tier:
+        soak_run = run_tier_chaos(seed, minutes, workdir)
     else:
-        soak_run = (run_tier_chaos if api_tier else run_chaos)(seed, minutes, workdir)
+        operator_rival = bool(getattr(args, "operators", None))
+        soak_run = run_chaos(seed, minutes, workdir, operator_rival=operator_rival)
     try:
         report = asyncio.run(_until_sigterm(soak_run))
     except asyncio.CancelledError:

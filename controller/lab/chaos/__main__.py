@@ -22,7 +22,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--api-tier", action="store_true", help="the API tier soak")
     parser.add_argument("--reconcilers", type=int, help="the shared reconcilers' soak")
     parser.add_argument("--pools", type=int, help="with --reconcilers: the pools (30)")
-    parser.add_argument("--operators", type=int, help="with --reconcilers: operators among them")
+    parser.add_argument("--operators", type=int, help="operators among the reconcilers")
     return parser
 
 

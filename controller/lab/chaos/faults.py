@@ -251,19 +251,17 @@ class Faults(NomadFaults):
 
     def _holds_a_lease(self, process: ControllerProcess) -> bool:
         """Whether the running incarnation of `process` holds the lease of some pool."""
-        if process.proc is None:
-            return False
-        mine = f"/{process.proc.pid}"
-        return any(h.endswith(mine) for h in self.world.lease_holders().values())
+        mine = process.identity()
+        return mine is not None and mine in self.world.lease_holders().values()
 
     def _holds_every_lease(self, process: ControllerProcess) -> bool:
         """Whether the running incarnation of `process` holds the lease of every pool."""
-        if process.proc is None:
-            return False
+        mine = process.identity()
         holders = self.world.lease_holders()
-        mine = f"/{process.proc.pid}"
-        return len(holders) == len(self.world.pools) and all(
-            h.endswith(mine) for h in holders.values()
+        return (
+            mine is not None
+            and len(holders) == len(self.world.pools)
+            and all(h == mine for h in holders.values())
         )
 
     async def _time_handover(self, signalled: float) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from controller.lab.chaos.world import NAMESPACE, POOLS, PoolSpec
+from controller.lab.kube import REPO, KubeCluster, start_cluster
 
 TOKEN = "chaos-token"
 RESYNC_SECONDS = 2.0
@@ -50,6 +51,33 @@ def pool_documents(pools: tuple[PoolSpec, ...], extra_idle: int = 0) -> list[dic
     ]
 
 
+RUNNERPOOL_CRD = REPO / "crds" / "runnerpools.poolkeeper.dev.yaml"
+
+
+async def kube_with_pools(
+    workdir: Path, pools: tuple[PoolSpec, ...], extra_idle: int = 0
+) -> KubeCluster:
+    """A kube-apiserver on loopback serving `pools` as RunnerPool resources, for operator
+    processes (the caller stops it)."""
+
+    def start() -> KubeCluster:
+        kube = start_cluster(workdir=workdir)
+        try:
+            kube.install_crds(RUNNERPOOL_CRD)
+            for document in pool_documents(pools, extra_idle):
+                namespace = document["metadata"]["namespace"]
+                path = f"/apis/poolkeeper.dev/v1alpha1/namespaces/{namespace}/runnerpools"
+                status, answer = kube.request("POST", path, document)
+                if status != 201:
+                    raise RuntimeError(f"creating RunnerPool {document['metadata']}: {answer}")
+        except BaseException:
+            kube.stop()
+            raise
+        return kube
+
+    return await asyncio.to_thread(start)
+
+
 def pools_file(folder: Path, extra_idle: int, pools: tuple[PoolSpec, ...] = POOLS) -> Path:
     """The soak's pools in a pools file, `extra_idle` more idle runners each."""
     path = folder / "pools.yaml"
@@ -81,7 +109,7 @@ class ControllerProcess:
         self.incarnation = 0
         self.started_at = 0.0
         self.logs: list[Path] = []
-        self.pids: list[int] = []
+        self.identities: list[str] = []  # every incarnation's
         self.unexpected_exits: list[str] = []
         self.stopping = False
         self._watch: asyncio.Task[None] | None = None
@@ -114,7 +142,7 @@ class ControllerProcess:
     def identity(self) -> str | None:
         """The running incarnation's identity, as its leases and Nomad's write audit name
         it (None when it is down)."""
-        return None if self.proc is None else f"{socket.gethostname()}/{self.proc.pid}"
+        return None if self.proc is None else self.identities[-1]
 
     async def start(self) -> None:
         self.incarnation += 1
@@ -132,7 +160,7 @@ class ControllerProcess:
                 env=env,
                 start_new_session=True,
             )
-        self.pids.append(self.proc.pid)
+        self.identities.append(f"{socket.gethostname()}/{self.proc.pid}")
         self.started_at = time.monotonic()
         self._watch = asyncio.create_task(self._watch_exit(self.proc, self.incarnation))
 
@@ -240,5 +268,6 @@ class OperatorProcess(ControllerProcess):
         env["POD_NAME"] = f"{self.name}-{self.incarnation}"
         return env
 
-    def identity(self) -> str | None:
-        return None if self.proc is None else f"{self.name}-{self.incarnation}"
+    async def start(self) -> None:
+        await super().start()
+        self.identities[-1] = f"{self.name}-{self.incarnation}"  # its POD_NAME

@@ -21,8 +21,10 @@ def render_markdown(reports: Sequence[dict[str, Any]], command: str) -> str:
         "three pools on the simulator, a controller subprocess that is SIGKILLed (or stopped",
         "with SIGTERM) and restarted at random moments, a second controller with a different",
         "spec for the same pools (`idleRunners` + 1) that is started and SIGKILLed at random",
-        "moments, concurrent clients that claim, keep alive and release runners through",
-        "either, and a fault schedule drawn from the seed that injects every fault the",
+        "moments (`poolkeeper run`; with `--operators 1` a `poolkeeper operator` reading the",
+        "pools as RunnerPools from a kube-apiserver on loopback), concurrent clients that",
+        "claim, keep alive and release runners through either, and a fault schedule drawn",
+        "from the seed that injects every fault the",
         "simulator offers. The docstring of `controller/lab/chaos/__init__.py` states exactly",
         "what is checked; among it, from the simulator's write audit, that no runner job was",
         "ever registered or purged by a controller that did not hold its pool's lease. The",
@@ -57,6 +59,7 @@ def render_markdown(reports: Sequence[dict[str, Any]], command: str) -> str:
         ("faults injected", "faults_total"),
         ("claims served", "claims_served"),
         ("controller restarts survived (SIGKILL, SIGTERM)", "controller_restarts"),
+        ("second controller: run or operator", "second_controller_kind"),
         ("second controller started (then SIGKILLed)", "second_controller_starts"),
         ("leases handed over on SIGTERM to the second controller", "handovers"),
         ("... seconds until handed over, max", "handover_max"),
@@ -85,6 +88,7 @@ def render_markdown(reports: Sequence[dict[str, Any]], command: str) -> str:
                 "max_runners_excess_total": max(report["max_runners_excess"].values(), default=0),
                 "handovers": len(report["sigterm_handover_seconds"]),
                 "handover_max": max(report["sigterm_handover_seconds"], default=None),
+                "second_controller_kind": report.get("second_controller_kind", "run"),
             }
             value = derived.get(key, report.get(key))
             cells.append(str(len(value)) if isinstance(value, list) else str(value))

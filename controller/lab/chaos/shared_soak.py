@@ -50,16 +50,14 @@ from controller.lab.chaos.processes import (
     ControllerProcess,
     OperatorProcess,
     free_port,
-    pool_documents,
+    kube_with_pools,
     pools_file,
 )
 from controller.lab.chaos.schedule import FaultEvent, nomad_faults
 from controller.lab.chaos.soak import SoakRun, percentile
 from controller.lab.chaos.world import NODES, START_DELAY, many_pools
-from controller.lab.kube import REPO, KubeCluster, start_cluster
+from controller.lab.kube import KubeCluster
 from controller.lab.simulator import SimServer, Simulator, start_sim
-
-RUNNERPOOL_CRD: Final = REPO / "crds" / "runnerpools.poolkeeper.dev.yaml"
 
 # The reconcilers run with the default lease TTL.
 TAKEOVER_BOUND: Final = takeover_seconds(DEFAULT_TTL_SECONDS) + 5.0
@@ -129,9 +127,7 @@ async def shared_soak(
 ) -> dict[str, Any]:
     """One shared reconcilers' soak on a simulator (and, with operators, a kube-apiserver)
     of its own; the report."""
-    kube = None
-    if operators:
-        kube = await asyncio.to_thread(start_cluster, workdir=workdir / "kube")
+    kube = await kube_with_pools(workdir / "kube", many_pools(pools)) if operators else None
     try:
         sim = Simulator(nodes=list(NODES), seed=seed, start_delay=START_DELAY)
         server = await start_sim(sim, host="127.0.0.1", port=0)
@@ -159,7 +155,6 @@ class SharedSoak(SoakRun):
         kube: KubeCluster | None = None,
     ) -> None:
         super().__init__(seed, minutes, server, many_pools(pools))
-        self.kube = kube
         self.profile = SharedProfile.for_minutes(minutes)
         self.plan = signal_schedule(seed, minutes, reconcilers, self.profile)
         self.habits = Habits((10, 30), claim_attempts=60, wait_seconds=1)
@@ -204,8 +199,6 @@ class SharedSoak(SoakRun):
         watchers = [monitor]
         clients: list[asyncio.Task[None]] = []
         try:
-            if self.kube is not None:
-                await asyncio.to_thread(self.create_runner_pools, self.kube)
             for process in self.reconcilers:
                 await process.start()
             begun = time.monotonic()
@@ -291,16 +284,6 @@ class SharedSoak(SoakRun):
         for event in events:
             await asyncio.sleep(max(0.0, window_start + event.at - time.monotonic()))
             await self.faults.inject(event, index)
-
-    def create_runner_pools(self, kube: KubeCluster) -> None:
-        """The pools of the shared file, as RunnerPool resources for the operators."""
-        kube.install_crds(RUNNERPOOL_CRD)
-        for document in pool_documents(self.world.pools):
-            namespace = document["metadata"]["namespace"]
-            path = f"/apis/poolkeeper.dev/v1alpha1/namespaces/{namespace}/runnerpools"
-            status, answer = kube.request("POST", path, document)
-            if status != 201:
-                raise RuntimeError(f"creating RunnerPool {document['metadata']}: {answer}")
 
     def live_identities(self) -> set[str]:
         return {i for p in self.reconcilers if (i := p.identity()) is not None}
@@ -419,7 +402,7 @@ class SharedSoak(SoakRun):
             "rounds": len(self.rounds),
             "sigkills": signals["sigkill"],
             "sigterms": signals["sigterm"],
-            "reconciler_starts": sum(len(p.pids) for p in self.reconcilers),
+            "reconciler_starts": sum(len(p.identities) for p in self.reconcilers),
             "initial_fill_seconds": self.initial_fill_seconds,
             "initial_balance_seconds": self.initial_balance_seconds,
             "sigterm_exit_seconds_max": max(self.sigterm_exit_seconds, default=None),

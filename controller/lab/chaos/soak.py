@@ -22,7 +22,9 @@ from controller.lab.chaos.processes import (
     RESYNC_SECONDS,
     RIVAL_EXTRA_IDLE,
     ControllerProcess,
+    OperatorProcess,
     free_port,
+    kube_with_pools,
     pools_file,
 )
 from controller.lab.chaos.schedule import Profile, Round, make_schedule
@@ -36,6 +38,7 @@ from controller.lab.chaos.world import (
     World,
     converged,
 )
+from controller.lab.kube import KubeCluster
 from controller.lab.simulator import SimServer, Simulator, start_sim
 
 # A reconciler deletes a waiting record FORGET_AFTER after it expired, on its next read of
@@ -51,11 +54,21 @@ def percentile(values: Sequence[float], share: float) -> float | None:
     return round(ordered[rank], 2)
 
 
-async def soak(seed: int, minutes: float, workdir: Path) -> dict[str, Any]:
-    """One soak on a simulator of its own; the report."""
-    sim = Simulator(nodes=list(NODES), seed=seed, start_delay=START_DELAY)
-    server = await start_sim(sim, host="127.0.0.1", port=0)
-    return await Soak(seed, minutes, workdir, server).run()
+async def soak(
+    seed: int, minutes: float, workdir: Path, *, operator_rival: bool = False
+) -> dict[str, Any]:
+    """One soak on a simulator of its own; the report. With `operator_rival` the second
+    controller is an operator reading the pools from a kube-apiserver of its own."""
+    kube = None
+    if operator_rival:
+        kube = await kube_with_pools(workdir / "kube", POOLS, RIVAL_EXTRA_IDLE)
+    try:
+        sim = Simulator(nodes=list(NODES), seed=seed, start_delay=START_DELAY)
+        server = await start_sim(sim, host="127.0.0.1", port=0)
+        return await Soak(seed, minutes, workdir, server, kube).run()
+    finally:
+        if kube is not None:
+            kube.stop()
 
 
 class SoakRun:
@@ -211,7 +224,14 @@ class Soak(SoakRun):
     """Plays the schedule's rounds until the time is up, then checks that nothing leaked;
     stops the controllers and the simulator (`server`) when done."""
 
-    def __init__(self, seed: int, minutes: float, workdir: Path, server: SimServer) -> None:
+    def __init__(
+        self,
+        seed: int,
+        minutes: float,
+        workdir: Path,
+        server: SimServer,
+        kube: KubeCluster | None = None,
+    ) -> None:
         super().__init__(seed, minutes, server)
         self.profile = Profile.for_minutes(minutes)
         self.habits = Habits(self.profile.inactivity)
@@ -222,11 +242,19 @@ class Soak(SoakRun):
         # A second controller with a different spec for the same pools, started and
         # SIGKILLed by the fault `second_controller`; it must never write a pool it does
         # not hold the lease of, and serves some of the clients' requests while it runs.
+        # With a kube-apiserver it is an operator reading them as RunnerPools.
         rival_dir = workdir / "second-controller"
         rival_dir.mkdir(exist_ok=True)
-        self.rival = ControllerProcess(
-            rival_dir, server.url, free_port(), pools_file(rival_dir, RIVAL_EXTRA_IDLE)
+        self.rival = (
+            ControllerProcess(
+                rival_dir, server.url, free_port(), pools_file(rival_dir, RIVAL_EXTRA_IDLE)
+            )
+            if kube is None
+            else OperatorProcess(
+                rival_dir, server.url, free_port(), kube.admin_kubeconfig, "second-controller"
+            )
         )
+        self.operator_rival = kube is not None
         self.processes = (self.controller, self.rival)
         self.api = ControllerApi(
             self.controller, self.rival, self.violations, random.Random(seed ^ 0xB1A5)
@@ -298,13 +326,13 @@ class Soak(SoakRun):
         self.convergence_rounds.append({"round": round_.index, "seconds": times})
 
     def writes_as_holder(self, process: ControllerProcess) -> int:
-        """Runner jobs written by any incarnation of `process` (its identity ends in its pid)
-        while it held the pool's lease."""
-        pids = {str(pid) for pid in process.pids}
+        """Runner jobs written by any incarnation of `process` while it held the pool's
+        lease."""
+        mine = set(process.identities)
         return sum(
             1
             for write in self.sim.audit.writes
-            if write.writer == write.holder and write.writer.rpartition("/")[2] in pids
+            if write.writer == write.holder and write.holder in mine
         )
 
     def report(self) -> dict[str, Any]:
@@ -313,7 +341,9 @@ class Soak(SoakRun):
         return {
             "seed": self.seed,
             "minutes": self.minutes,
-            "command": f"poolkeeper chaos --minutes {self.minutes:g} --seed {self.seed}",
+            "command": f"poolkeeper chaos --minutes {self.minutes:g} --seed {self.seed}"
+            + (" --operators 1" if self.operator_rival else ""),
+            "second_controller_kind": "operator" if self.operator_rival else "run",
             "duration_seconds": round(time.monotonic() - self.started, 1),
             "rounds": self.rounds_played,
             "rounds_scheduled": len(self.schedule),
