@@ -366,11 +366,10 @@ def render_shared_section(report: dict[str, Any], command: str) -> str:
         "faulted (no lease can be renewed then) and the bound after it; from the",
         "simulator's write audit, no runner job may be written by a process that did not",
         "hold the pool's lease; and the chaos soak's checks run too: no double claim, no",
-        "claim lost,",
-        "`maxRunners`, no runner purged under a live claim, no 5xx but 503, no traceback,",
-        "no unexpected exit, every claim in Nomad answered to its client, and nothing but",
-        "the idle runners and poolkeeper's own records left at the end. The docstring of",
-        "`controller/lab/chaos/shared_soak.py` states exactly what is checked.",
+        "claim lost, `maxRunners`, no runner purged under a live claim, no 5xx but 503, no",
+        "traceback, no unexpected exit, every claim in Nomad answered to its client, and",
+        "nothing but the idle runners and poolkeeper's own records left at the end. The",
+        "docstring of `controller/lab/chaos/shared_soak.py` states exactly what is checked.",
     ]
     rounds = [
         "### The rounds",
