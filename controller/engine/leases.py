@@ -465,6 +465,11 @@ class Leases:
             await self._port.release_lock(lease.path, lease.namespace, lock_id)
         except NomadError as error:
             log.warning("could not release the lease of pool %s: %s", lease.key, error)
+            if self._running and self._leases.get(lease.key) is lease:
+                # Still ours in Nomad: renewed (written again only once a renewal
+                # succeeds) and given back at the next balancing, rather than left locked
+                # until Nomad expires it.
+                lease.lock_id = lock_id
 
 
 def _lock_id(stored: dict[str, Any]) -> str:

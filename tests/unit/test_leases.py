@@ -446,3 +446,53 @@ async def test_the_balancer_outlives_a_reading_that_hangs_or_fails() -> None:
         assert members.readings >= 3
     finally:
         await leases.stop(release=False)
+
+
+class FixedMembers(Members):
+    """Members as the test says: who defines which pools, who holds which."""
+
+    def __init__(self, defines: dict[str, frozenset[str]], holders: dict[str, str]) -> None:
+        super().__init__(FakeLocks(), "default", "host/1", TTL, utcnow)  # type: ignore[arg-type]
+        self.membership = Membership(defines, holders)
+
+    async def beat(self, pools: Collection[str], holds: Collection[str]) -> None:
+        pass
+
+    async def live(self) -> Membership:
+        return Membership(dict(self.membership.defines), dict(self.membership.holders))
+
+
+class BlockingLocks(FakeLocks):
+    """FakeLocks whose blocking query waits, as Nomad's does (followers then pace)."""
+
+    async def wait_variable(
+        self, path: str, namespace: str, index: int, wait_seconds: float
+    ) -> tuple[dict[str, Any] | None, int]:
+        await asyncio.sleep(wait_seconds)
+        return await super().wait_variable(path, namespace, index, wait_seconds)
+
+
+async def test_a_lease_nomad_would_not_take_back_is_renewed_and_given_back_later() -> None:
+    port = BlockingLocks()
+    both = frozenset({KEY})
+    members = FixedMembers({"host/1": both, "other/2": both}, {KEY: "host/1"})
+    leases = Leases(
+        port, "host/1", lambda event: None, ttl_seconds=0.3, on_change=lambda ns: None,
+        members=members,
+    )  # fmt: skip
+    leases.want(KEY, "default", "spec-a")
+    leases.start()
+    path = lease_path(KEY)
+    try:
+        await wait_until(lambda: leases.holds(KEY), within=5, what="the lease taken")
+        # The pool goes to the other reconciler's share while Nomad has no leader.
+        port.down = True
+        members.membership = Membership({"host/1": both, "other/2": both}, {KEY: "other/2"})
+        await wait_until(lambda: ("release", path) in port.calls, within=5, what="a release")
+        assert not leases.holds(KEY)  # not written meanwhile
+        port.down = False
+        # Still locked in Nomad under this process: it is renewed, then given back, not
+        # left locked until Nomad expires it.
+        await wait_until(lambda: path not in port.held, within=5, what="the lease given back")
+    finally:
+        await leases.stop(release=False)
