@@ -42,6 +42,7 @@ import json
 import logging
 import math
 import multiprocessing
+import os
 import statistics
 import tempfile
 import time
@@ -209,6 +210,16 @@ def repeated(out: Result, key: str, values: Sequence[float], *, spread: bool = T
         out[f"{key}.spread"] = round(max(values) - min(values), 3)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time a process has used so far, from /proc (0 where there is
+    no /proc, or no such process)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mb() -> float:
     """Resident set size of this process, from /proc (0 where there is no /proc)."""
     try:
@@ -268,6 +279,10 @@ class Child:
         self._process = context.Process(target=target, args=(child, *args), daemon=True, name=name)
         self._process.start()
         child.close()
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid or 0
 
     async def receive(self, within: float) -> Any:
         loop = asyncio.get_running_loop()
@@ -340,11 +355,13 @@ class SimProcess:
     def __init__(self, options: SimOptions) -> None:
         self._options = options
         self._child: Child | None = None
+        self.pid = 0
         self.url = ""
         self._http: aiohttp.ClientSession | None = None
 
     async def start(self) -> str:
         self._child = Child(_sim_child, self._options, name="bench-sim")
+        self.pid = self._child.pid
         self.url = str(await self._child.receive(30.0))
         self._http = aiohttp.ClientSession()
         return self.url
@@ -786,6 +803,9 @@ REQUIRED_KEYS = (
     "claim.floor.p99_ms",
     "claim.claims_per_second",
     "claim.bare_creates_per_second",
+    "claim.cpu_ms_per_claim.api",
+    "claim.cpu_ms_per_create.simulator",
+    "claim.cpu_busy_claim",
     "claim.balanced.haproxy",
     "refill.p99_ms",
     "refill.api_tier.p99_ms",

@@ -25,7 +25,10 @@ against bare creates per second of as many concurrent writers.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+import os
+import statistics
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Protocol
 
 from controller.lab import bench
@@ -149,13 +152,15 @@ async def bench_claims(run: Run) -> None:
         urls = claim_urls(tier.url, [CLAIM_POOL])
         runs = await probe_runs(run, tier, urls, rounds, sizes.claim_block, request_ids=True)
         record_claims(out, "claim", runs)
-        await throughput(run, tier, tier.url, "claim", sizes.concurrency)
+        await throughput(
+            run, tier, tier.url, "claim", sizes.concurrency, tier_processes(tier, sim.pid)
+        )
         say(f"claims: the same, the simulator answering writes {WRITE_LATENCY_MS:g} ms late")
         await sim.act("set_write_latency", ms=WRITE_LATENCY_MS)
         runs = await probe_runs(run, tier, urls, rounds, sizes.claim_block, request_ids=False)
         record_claims(out, "claim.write_latency_2ms", runs)
         await sim.act("set_write_latency", ms=0)
-        await balanced(run, tier)
+        await balanced(run, tier, sim.pid)
     out["claim.samples"] = float(rounds)
 
     say(f"claims: {sizes.repetitions} x {rounds} rounds in one process (embedded)")
@@ -168,30 +173,43 @@ async def bench_claims(run: Run) -> None:
         urls = claim_urls(controller.url, [CLAIM_POOL])
         runs = await probe_runs(run, embedded, urls, rounds, sizes.claim_block, request_ids=True)
         record_claims(out, "claim.embedded", runs)
-        await throughput(run, embedded, controller.url, "claim.embedded", [max(sizes.concurrency)])
+        processes = {"controller": [os.getpid()], "simulator": [sim.pid]}
+        most = [max(sizes.concurrency)]
+        await throughput(run, embedded, controller.url, "claim.embedded", most, processes)
 
 
 async def throughput(
-    run: Run, target: Target, url: str, prefix: str, levels: Sequence[int]
+    run: Run,
+    target: Target,
+    url: str,
+    prefix: str,
+    levels: Sequence[int],
+    processes: Mapping[str, Sequence[int]],
 ) -> None:
     """Claims per second of C concurrent clients at `url` (each level from the declared
     pool), and at the most clients, per repetition, against as many concurrent writers of
-    bare creates right after."""
+    bare creates right after; with the CPU time each of `processes` (name -> PIDs) and
+    the load's process spent per claim and per create."""
     sizes, out = run.sizes, run.out
     most = max(levels)
     claims: list[float] = []
     creates: list[float] = []
+    cpu = CpuShares({**processes, "load": [await run.clients.load_pid()]})
     for clients in levels:
         run.say(f"claims: {clients} concurrent clients ({prefix})")
         repetitions = sizes.repetitions if clients == most else 1
         for _ in range(repetitions):
             await target.settle()
+            cpu.start()
             row = await run.clients.claims(url, CLAIM_POOL, clients, sizes.concurrent_claims)
             if clients == most:
+                cpu.stop("claim", sizes.concurrent_claims)
                 claims.append(row["claims_per_second"])
+                cpu.start()
                 creates.append(
                     await run.clients.writes(target.sim_url, most, sizes.concurrent_claims)
                 )
+                cpu.stop("create", sizes.concurrent_claims)
         for name, value in row.items():
             out[f"{prefix}.clients_{clients}.{name}"] = value
     repeated(out, f"{prefix}.claims_per_second", claims, spread=False)
@@ -201,9 +219,55 @@ async def throughput(
         f"{prefix}.throughput_ratio",
         [ratio(c, w) for c, w in zip(claims, creates, strict=True)],
     )
+    cpu.record(out, prefix)
 
 
-async def balanced(run: Run, tier: Tier) -> None:
+class CpuShares:
+    """The CPU time processes spend per operation while concurrent clients run: what
+    limits claims per second where every process shares the same cores. Per window
+    (`start` .. `stop`): each process's CPU milliseconds per operation, and `busy`, the
+    CPU all of them used over what the machine's cores could give in that time."""
+
+    def __init__(self, processes: Mapping[str, Sequence[int]]) -> None:
+        self.processes = processes
+        self.windows: dict[str, list[dict[str, float]]] = {}
+        self._began: tuple[float, dict[str, float]] = (0.0, {})
+
+    def _used(self) -> dict[str, float]:
+        return {
+            name: sum(bench.cpu_seconds(pid) for pid in pids)
+            for name, pids in self.processes.items()
+        }
+
+    def start(self) -> None:
+        self._began = (time.monotonic(), self._used())
+
+    def stop(self, operation: str, count: int) -> None:
+        began, before = self._began
+        seconds = time.monotonic() - began
+        spent = {name: used - before[name] for name, used in self._used().items()}
+        window = {name: used * 1000 / count for name, used in spent.items()}
+        window["busy"] = sum(spent.values()) / (seconds * (os.cpu_count() or 1))
+        self.windows.setdefault(operation, []).append(window)
+
+    def record(self, out: Result, prefix: str) -> None:
+        """Medians over the windows: `<prefix>.cpu_ms_per_<operation>.<process>` and
+        `<prefix>.cpu_busy_<operation>`."""
+        for operation, windows in self.windows.items():
+            for name in windows[0]:
+                values = [window[name] for window in windows]
+                key = (
+                    f"cpu_busy_{operation}" if name == "busy" else f"cpu_ms_per_{operation}.{name}"
+                )
+                out[f"{prefix}.{key}"] = round(statistics.median(values), 3)
+
+
+def tier_processes(tier: Tier, sim_pid: int) -> dict[str, list[int]]:
+    """The API replicas, the reconciler and the simulator, by name."""
+    return {"api": tier.pids(), "reconciler": [tier.reconciler_pid], "simulator": [sim_pid]}
+
+
+async def balanced(run: Run, tier: Tier, sim_pid: int) -> None:
     """The most clients against two API replicas behind HAProxy (`claim.balanced.*`;
     `claim.balanced.haproxy` is 0 where there is no HAProxy to start)."""
     try:
@@ -216,7 +280,9 @@ async def balanced(run: Run, tier: Tier) -> None:
     await tier.add_replica()
     before = await tier.claims_served()
     async with balancer(tier.urls) as url:
-        await throughput(run, tier, url, "claim.balanced", [max(run.sizes.concurrency)])
+        processes = tier_processes(tier, sim_pid)
+        most = [max(run.sizes.concurrency)]
+        await throughput(run, tier, url, "claim.balanced", most, processes)
     served = [after - was for after, was in zip(await tier.claims_served(), before, strict=True)]
     # How evenly the balancer spread the claims: 0.5 is even.
     run.out["claim.balanced.least_served_share"] = round(min(served) / max(1.0, sum(served)), 3)

@@ -317,11 +317,19 @@ class Clients:
         samples: Samples = await self._prober.receive(COMMAND_SECONDS)
         return samples
 
-    async def _run_load(self, load: ClaimLoad | WriteLoad) -> Result:
+    async def load_pid(self) -> int:
+        """The process that sends the concurrent claims and writes (started here)."""
+        return (await self._loader()).pid
+
+    async def _loader(self) -> Child:
         if self._load is None:
             self._load = await self._started(Child(_load_child, name="bench-load"))
-        self._load.send(load)
-        result: Result = await self._load.receive(COMMAND_SECONDS)
+        return self._load
+
+    async def _run_load(self, load: ClaimLoad | WriteLoad) -> Result:
+        loader = await self._loader()
+        loader.send(load)
+        result: Result = await loader.receive(COMMAND_SECONDS)
         return result
 
     async def claims(self, url: str, pool: str, clients: int, total: int) -> Result:

@@ -211,6 +211,14 @@ class Tier:
         await self.offered(url, listed)
         return url
 
+    def pids(self) -> list[int]:
+        """The API replicas' processes."""
+        return [replica.pid for replica in self.replicas]
+
+    @property
+    def reconciler_pid(self) -> int:
+        return self.reconciler.pid if self.reconciler is not None else 0
+
     async def _command(self, command: str | None, answer: str) -> None:
         assert self.reconciler is not None
         if command is not None:

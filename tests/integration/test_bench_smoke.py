@@ -55,6 +55,9 @@ def test_quick_bench_writes_every_required_key(tmp_path: Path) -> None:
     # Counts that do not depend on timing.
     assert result["reconcile.requests_per_pass_1_pool"] >= 3
     assert result["over_creation.needed"] > 0
+    # Where the CPU of concurrent claims goes: the API replica and the simulator used some.
+    assert result["claim.cpu_ms_per_claim.api"] > 0 < result["claim.cpu_ms_per_create.simulator"]
+    assert 0 < result["claim.cpu_busy_claim"] <= 1.1
     # Two API replicas behind HAProxy where there is one to start; said so where not.
     assert result["claim.balanced.haproxy"] == (1 if haproxy_found() else 0)
     assert "poolkeeper bench" in done.stdout  # the table was printed
