@@ -42,6 +42,8 @@ Clock = Callable[[], datetime]
 # With no live claim, the loop still wakes on the resync period; this only bounds the
 # deadline handed to the scheduler.
 _NO_DEADLINE = timedelta(days=1)
+# How long stopping lets a pass in flight finish before it is cancelled.
+STOP_GRACE_SECONDS = 5.0
 
 
 def _ignore(_: PoolEvent) -> None:
@@ -289,12 +291,14 @@ class Engine:
         self._scheduler.start(self.namespaces())
 
     async def stop(self) -> None:
-        """Stop the loops and give the leases back, so that another process takes the
+        """Stop the loops, then give the leases back, so that another process takes the
         pools over at once. Stopping never destroys runners: Nomad keeps them."""
+        # The passes first: one still running would publish the status of pools given back.
+        # A pass cancelled under a write in flight could not say when that write lands:
+        # then the leases are left to expire rather than given back before it.
+        finished = await self._scheduler.stop(grace_seconds=STOP_GRACE_SECONDS)
         if self.leases is not None:
-            # First: a pass cancelled under a write in flight could not say when it lands.
-            await self.leases.stop(release=True)
-        await self._scheduler.stop()
+            await self.leases.stop(release=finished)
 
     async def reconcile_namespace(self, namespace: str) -> PassResult:
         result = await self._reconciler.run(namespace)

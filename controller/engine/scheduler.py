@@ -59,13 +59,22 @@ class Scheduler:
         for namespace in namespaces:
             self.ensure(namespace)
 
-    async def stop(self) -> None:
+    async def stop(self, grace_seconds: float = 0.0) -> bool:
+        """Stop the loops. A pass in flight may finish within `grace_seconds` (nothing it
+        writes is then left in flight); one that does not is cancelled. Returns whether
+        every loop ended without being cancelled."""
         self._running = False
         loops = list(self._loops.values())
         self._loops.clear()
-        for task in loops:
+        for wake in self._wake.values():
+            wake.set()  # an idle loop ends at once
+        pending = set(loops)
+        if loops and grace_seconds > 0:
+            _, pending = await asyncio.wait(loops, timeout=grace_seconds)
+        for task in pending:
             task.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
+        return not pending
 
     async def _loop(self, namespace: str) -> None:
         wake = self._wake[namespace]
@@ -79,6 +88,8 @@ class Scheduler:
                 await asyncio.sleep(self._coalesce_seconds(namespace))
             except TimeoutError:
                 pass
+            if not self._running:
+                return
             wake.clear()
             try:
                 self._last_pass_seconds[namespace] = await self._run_pass(namespace)
