@@ -19,18 +19,18 @@ import os
 import socket
 
 from controller import __version__
-from controller.claims.store import ClaimStore
-from controller.core.catalog import replica_segment
+from controller.core.paths import replica_segment
 from controller.core.readiness import CLAIMS, Readiness
 from controller.core.times import utcnow
 from controller.directory.catalog import CatalogDirectory
-from controller.directory.doorbell import ENVIRONMENTS, Doorbell
-from controller.directory.waiting import WaitingPublisher
 from controller.logs import start_logging
 from controller.metrics import Metrics
 from controller.nomad.config import NomadConfig
 from controller.nomad.errors import NomadError
 from controller.poseidon.context import EnvironmentMode
+from controller.records.claims import ClaimStore
+from controller.records.doorbell import ENVIRONMENTS, Doorbell
+from controller.records.waiting import WaitingPublisher
 from controller.serving import (
     ApiServer,
     NomadSessions,

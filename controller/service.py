@@ -17,15 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller import __version__
-from controller.claims.store import ClaimStore
-from controller.core.catalog import catalog_path, replica_segment
 from controller.core.events import EventSink, PoolEvent
 from controller.core.leases import DEFAULT_TTL_SECONDS, MIN_TTL_SECONDS
+from controller.core.paths import catalog_path, replica_segment
 from controller.core.readiness import Readiness
 from controller.core.times import utcnow
 from controller.directory.catalog import CatalogDirectory
-from controller.directory.doorbell import CLAIMS, ENVIRONMENTS, WAITING, Doorbell, DoorbellWatch
-from controller.directory.waiting import WaitingPublisher, WaitingReader
 from controller.engine.directory import EngineDirectory
 from controller.engine.engine import Clock, Engine
 from controller.engine.publish import StatusSink
@@ -35,6 +32,9 @@ from controller.nomad.config import NomadConfig
 from controller.nomad.errors import NomadError
 from controller.nomad.events import EventWatcher
 from controller.poseidon.context import EnvironmentMode
+from controller.records.claims import ClaimStore
+from controller.records.doorbell import CLAIMS, ENVIRONMENTS, WAITING, Doorbell, DoorbellWatch
+from controller.records.waiting import WaitingPublisher, WaitingReader
 from controller.serving import (
     ApiServer,
     NomadSessions,

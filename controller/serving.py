@@ -30,7 +30,6 @@ from controller.api.openapi import extended
 from controller.api.routes import OPENAPI_KEY
 from controller.claims.runners import RunnerClaims
 from controller.claims.service import ClaimService
-from controller.claims.store import ClaimStore
 from controller.core.readiness import Readiness
 from controller.directory.view import PoolDirectory
 from controller.errors import UsageError
@@ -45,6 +44,7 @@ from controller.poseidon.app import create_poseidon_app
 from controller.poseidon.context import PREFIX as POSEIDON_PREFIX
 from controller.poseidon.context import EnvironmentMode, Poseidon, PoseidonSettings
 from controller.poseidon.openapi import openapi_part
+from controller.records.claims import ClaimStore
 from controller.sources.environments import (
     EnvironmentInvalid,
     EnvironmentStore,

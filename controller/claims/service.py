@@ -16,13 +16,13 @@ from dataclasses import dataclass
 
 from controller.claims.requests import RequestIds
 from controller.claims.runners import unavailable
-from controller.claims.store import ClaimStore
 from controller.claims.taking import Ask, Taker
 from controller.core.claims import ClaimRecord
 from controller.directory.view import PoolDirectory, PoolEntry
 from controller.errors import ErrorCode, ServiceError
 from controller.metrics import Metrics
 from controller.nomad.errors import NomadError
+from controller.records.claims import ClaimStore
 
 MAX_WAIT_SECONDS = 30.0
 

@@ -20,13 +20,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from controller.claims.store import ClaimStore
 from controller.core.claims import ClaimRecord
 from controller.core.demand import start_items
 from controller.core.offers import Offered
 from controller.directory.view import PoolDirectory, PoolEntry
 from controller.errors import ErrorCode, ServiceError
 from controller.nomad.errors import NomadError
+from controller.records.claims import ClaimStore
 
 log = logging.getLogger(__name__)
 

@@ -33,14 +33,6 @@ from controller.core.demand import StartSample
 from controller.core.offers import Offer, Offered
 from controller.core.times import format_time, parse_time
 
-CATALOG_PREFIX: Final = "poolkeeper/catalog/"
-MEMBERS_PREFIX: Final = "poolkeeper/members/"
-# What reconcilers write on their own schedule, whatever clients do: the catalog, and their
-# member records (engine/members.py).
-RECONCILER_RECORDS: Final = (CATALOG_PREFIX, MEMBERS_PREFIX)
-WAITING_PREFIX: Final = "poolkeeper/waiting/"
-DOORBELL_PATH: Final = "poolkeeper/doorbell"
-
 # Nomad refuses a variable whose items (keys and values) add up to more than 64 KiB.
 VARIABLE_BYTES: Final = 64 * 1024
 # Room a record leaves unused, for the JSON of its write and for safety.
@@ -56,11 +48,6 @@ WAITING_TTL_SECONDS: Final = 30.0
 
 class CatalogError(ValueError):
     """A record whose items do not decode."""
-
-
-def catalog_path(key: str) -> str:
-    """`<namespace>/<name>` with `/` and `.` as `~` (variable paths allow no `.`)."""
-    return CATALOG_PREFIX + key.replace("/", "~").replace(".", "~")
 
 
 @dataclass(frozen=True)
@@ -278,16 +265,6 @@ class WaitingRecord:
 
     def expired(self, now: datetime) -> bool:
         return now >= self.expires_at
-
-
-def waiting_path(replica: str) -> str:
-    return WAITING_PREFIX + replica
-
-
-def replica_segment(identity: str) -> str:
-    """A process identity (`host/pid`) as a variable path segment."""
-    allowed = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_"
-    return "".join(c if c in allowed else "-" for c in identity)[:80] or "replica"
 
 
 @dataclass

@@ -20,20 +20,21 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from controller.core.catalog import CATALOG_PREFIX, CatalogError, CatalogRecord
+from controller.core.catalog import CatalogError, CatalogRecord
 from controller.core.claims import ClaimState
 from controller.core.offers import Offer
+from controller.core.paths import CATALOG_PREFIX
 from controller.core.problems import PoolProblem, Problem
 from controller.core.runner_ids import is_runner_id
 from controller.core.times import utcnow
 from controller.core.views import NodeView
 from controller.core.waiting import WaitingClaims
-from controller.directory.doorbell import CLAIMS, Doorbell
 from controller.directory.view import PoolEntry
-from controller.directory.waiting import WaitingPublisher
 from controller.model import RunnerPool
 from controller.nomad.errors import NomadError
 from controller.nomad.port import VariableLists
+from controller.records.doorbell import CLAIMS, Doorbell
+from controller.records.waiting import WaitingPublisher
 from controller.tasks import Background
 
 log = logging.getLogger(__name__)

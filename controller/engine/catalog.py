@@ -17,15 +17,14 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 
 from controller.core.catalog import (
-    CATALOG_PREFIX,
     OFFER_LIMIT,
     REPUBLISH_SECONDS,
     STALE_SECONDS,
     CatalogRecord,
-    catalog_path,
     without_job_template,
 )
 from controller.core.offers import EMPTY
+from controller.core.paths import CATALOG_PREFIX, catalog_path
 from controller.core.views import NodeView
 from controller.engine.registry import ManagedPool
 from controller.nomad.errors import NomadConflict, NomadError

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from controller.core.paths import DRAINS_PREFIX, drain_path
 from controller.core.runner_ids import runner_prefix
 from controller.core.times import format_time, parse_time
 from controller.core.views import JobView, PoolMode
@@ -27,16 +28,10 @@ from controller.nomad.port import Variables
 
 log = logging.getLogger(__name__)
 
-DRAINS_PREFIX = "poolkeeper/pools/"
 DEFAULT_DRAIN_SECONDS = 3600
 # A pool found held by another process is asked about again this often: the holder may
 # have gone for good (each question takes the lease and gives it back, two writes).
 ORPHAN_RECHECK_SECONDS = 60.0
-
-
-def drain_path(key: str) -> str:
-    # Variable paths allow no ".", which pool names may hold; "~" never occurs in a name.
-    return DRAINS_PREFIX + key.replace(".", "~")
 
 
 @dataclass

@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
 
-from controller.claims.store import ClaimStore
 from controller.core.catalog import WaitingRecord
 from controller.core.events import EventSink, PoolEvent
 from controller.core.leases import DEFAULT_TTL_SECONDS
@@ -27,7 +26,6 @@ from controller.engine.apply import Applier
 from controller.engine.catalog import CatalogPublisher
 from controller.engine.drains import Drains
 from controller.engine.leases import Leases
-from controller.engine.members import Members
 from controller.engine.observe import NodeAccess
 from controller.engine.publish import Publisher, StatusSink
 from controller.engine.reconcile import PassResult, Reconciler
@@ -36,6 +34,8 @@ from controller.engine.scheduler import Scheduler
 from controller.metrics import Metrics
 from controller.model import RunnerPool
 from controller.nomad.port import NomadPort, VariableWatch
+from controller.records.claims import ClaimStore
+from controller.records.members import Members
 
 Clock = Callable[[], datetime]
 

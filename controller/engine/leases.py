@@ -32,17 +32,12 @@ from typing import Any
 
 from controller.core.balance import assign
 from controller.core.events import EventSink, lease_acquired, lease_lost
-from controller.core.leases import (
-    LOCK_DELAY_SECONDS,
-    LeaseItems,
-    LeaseStanding,
-    LeaseState,
-    lease_path,
-)
+from controller.core.leases import LOCK_DELAY_SECONDS, LeaseItems, LeaseStanding, LeaseState
+from controller.core.paths import lease_path
 from controller.core.times import utcnow
-from controller.engine.members import Members
 from controller.nomad.errors import NomadError
 from controller.nomad.port import Locks, LockTerms, VariableWatch
+from controller.records.members import Members
 
 log = logging.getLogger(__name__)
 

@@ -31,13 +31,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.claims.store import ClaimStore
-from controller.core.claims import CLAIMS_PREFIX, ClaimRecord
+from controller.core.claims import ClaimRecord
+from controller.core.paths import CLAIMS_PREFIX
 from controller.core.runner_ids import META_POOL
 from controller.core.views import AllocationView, JobView, NodeView
 from controller.engine.offload import compute
 from controller.nomad.errors import NomadPermissionDenied
 from controller.nomad.port import NomadPort
+from controller.records.claims import ClaimStore
 
 log = logging.getLogger(__name__)
 

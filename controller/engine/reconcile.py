@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from controller.claims.store import ClaimStore
 from controller.core import breaker as breakers
 from controller.core.catalog import WaitingTally
 from controller.core.classify import classify
@@ -50,6 +49,7 @@ from controller.engine.registry import ManagedPool, PoolRegistry
 from controller.metrics import Metrics
 from controller.nomad.errors import NomadError
 from controller.nomad.port import NomadPort
+from controller.records.claims import ClaimStore
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import statistics
 import time
 from collections.abc import AsyncIterator
 
-from controller.core.claims import CLAIMS_PREFIX
+from controller.core.paths import CLAIMS_PREFIX
 from controller.lab import bench
 from controller.lab.bench import (
     NAMESPACE,

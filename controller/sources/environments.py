@@ -27,6 +27,7 @@ from typing import Any, Final, Protocol
 import yaml
 from pydantic import ValidationError
 
+from controller.core.paths import ENVIRONMENTS_PREFIX
 from controller.core.views import PoolMode
 from controller.model import (
     API_VERSION,
@@ -43,7 +44,6 @@ from controller.sources.registration import removal
 
 log = logging.getLogger(__name__)
 
-ENVIRONMENTS_PREFIX: Final = "poolkeeper/environments/"
 DEFAULT_NAMESPACE: Final = "poseidon"
 CAS_ATTEMPTS: Final = 5
 

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from controller import service
-from controller.core.leases import lease_path, takeover_seconds
+from controller.core.leases import takeover_seconds
+from controller.core.paths import lease_path
 from controller.core.runner_ids import META_POOL
 from controller.engine import drains
 from controller.engine.publish import Publisher

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from controller.claims.store import ClaimStore
 from controller.core.claims import GONE_REASONS, ClaimRecord, ClaimState
 from controller.core.plan import Destroy, DestroyReason, Plan
 from controller.core.views import PoolPolicy
@@ -21,6 +20,7 @@ from controller.errors import ErrorCode, ServiceError
 from controller.executions.activity import OOM_KILLED, Activity, Target
 from controller.metrics import Metrics
 from controller.nomad.jobs import TASK_NAME
+from controller.records.claims import ClaimStore
 from tests.unit.test_engine_property import POOL, PREFIX, Nomad
 
 RUNNER = PREFIX + "0123456789ab"

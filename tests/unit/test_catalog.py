@@ -18,12 +18,11 @@ from controller.core.catalog import (
     CatalogRecord,
     WaitingRecord,
     WaitingTally,
-    catalog_path,
-    replica_segment,
     without_job_template,
 )
 from controller.core.demand import StartSample
 from controller.core.offers import Offer, Offered
+from controller.core.paths import catalog_path, replica_segment
 
 NOW = datetime(2026, 12, 5, 9, 0, tzinfo=UTC)
 

@@ -9,18 +9,13 @@ from typing import Any
 import pytest
 
 from controller.core.events import EventKind, PoolEvent
-from controller.core.leases import (
-    LeaseItems,
-    LeaseStanding,
-    LeaseState,
-    lease_path,
-    takeover_seconds,
-)
+from controller.core.leases import LeaseItems, LeaseStanding, LeaseState, takeover_seconds
+from controller.core.paths import lease_path
 from controller.core.times import utcnow
 from controller.engine.leases import Leases
-from controller.engine.members import Members, Membership
 from controller.nomad.errors import NomadUnavailable
 from controller.nomad.port import LockTerms
+from controller.records.members import Members, Membership
 from tests.support.waiting import wait_until
 
 KEY = "default/py.312"

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from controller.core.catalog import MEMBERS_PREFIX, replica_segment
+from controller.core.paths import MEMBERS_PREFIX, replica_segment
 from controller.core.times import format_time, parse_time
 from controller.nomad.errors import NomadConflict, NomadError
 from controller.nomad.port import Variables

@@ -17,18 +17,12 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Final
 
-from controller.core.catalog import (
-    WAITING_PREFIX,
-    WAITING_TTL_SECONDS,
-    CatalogError,
-    WaitingRecord,
-    waiting_expiry,
-    waiting_path,
-)
+from controller.core.catalog import WAITING_TTL_SECONDS, CatalogError, WaitingRecord, waiting_expiry
+from controller.core.paths import WAITING_PREFIX, waiting_path
 from controller.core.waiting import WaitingClaims
-from controller.directory.doorbell import RING_SECONDS, WAITING, Doorbell
 from controller.nomad.errors import NomadConflict, NomadError
 from controller.nomad.port import Variables
+from controller.records.doorbell import RING_SECONDS, WAITING, Doorbell
 
 log = logging.getLogger(__name__)
 

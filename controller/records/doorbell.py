@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 from typing import Final
 
-from controller.core.catalog import DOORBELL_PATH
+from controller.core.paths import DOORBELL_PATH
 from controller.core.times import format_time
 from controller.nomad.errors import NomadError
 from controller.nomad.port import Variables, VariableWatch

@@ -24,14 +24,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from controller.core.claims import (
-    CLAIMS_PREFIX,
-    REQUESTS_PREFIX,
-    ClaimRecord,
-    MalformedClaim,
-    RequestRecord,
-    request_path,
-)
+from controller.core.claims import ClaimRecord, MalformedClaim, RequestRecord
+from controller.core.paths import CLAIMS_PREFIX, REQUESTS_PREFIX, request_path
 from controller.core.requests import abandoned_requests
 from controller.nomad.errors import NomadConflict
 from controller.nomad.port import Variables, VariableWatch
