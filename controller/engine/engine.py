@@ -33,9 +33,8 @@ from controller.engine.registry import PoolRegistry, PoolView
 from controller.engine.scheduler import Scheduler
 from controller.metrics import Metrics
 from controller.model import RunnerPool
-from controller.nomad.port import NomadPort, VariableWatch
-from controller.records.claims import ClaimStore
-from controller.records.members import Members
+from controller.nomad.port import NomadPort
+from controller.records.shared import SharedRecords
 
 Clock = Callable[[], datetime]
 
@@ -94,38 +93,38 @@ class Engine:
         orphan_advice: str = "",
         identity: str | None = None,
         lease_ttl_seconds: float = DEFAULT_TTL_SECONDS,
-        store: ClaimStore | None = None,
-        watcher: VariableWatch | None = None,
+        records: SharedRecords | None = None,
+        keeps_environments: bool = False,
     ) -> None:
         """With an `identity`, every pool is written only while this
         process holds its lease (core/leases.py); without one, this process writes every
-        pool it reconciles (the lab's single-process tools)."""
+        pool it reconciles (the lab's single-process tools). `records`: the process's
+        shared records (its own on `port` without); `keeps_environments`: its member
+        record says it registers the managed Poseidon environments' pools."""
         self.metrics = metrics
         self.clock = clock
         self._port = port
-        self.store = store or ClaimStore(port)  # shared with the claim path: one cache
+        records = records or SharedRecords(port, port, home_namespace, identity or "", clock)
+        self.store = records.claims  # shared with the claim path: one cache
         self._registry = PoolRegistry(surge=surge, events=on_event)
         self.pools = PoolViews(self._registry)
         node_access = NodeAccess()
         self._publisher = Publisher(metrics, on_status, node_access)
         self.leases = (
             Leases(
-                port,
+                records.leases(lease_ttl_seconds),
                 identity,
                 on_event,
-                ttl_seconds=lease_ttl_seconds,
                 on_change=self._lease_changed,
-                watcher=watcher,
-                members=Members(port, home_namespace, identity, lease_ttl_seconds, clock),
+                members=records.members(lease_ttl_seconds, environments=keeps_environments),
             )
             if identity is not None
             else None
         )
         self._drains = Drains(
-            port,
+            records.drains,
             self._registry,
             clock=clock,
-            home_namespace=home_namespace,
             prune=prune,
             on_new_pool=self._pool_added,
             orphan_advice=orphan_advice,
@@ -152,9 +151,7 @@ class Engine:
             clock,
             self.leases,
             node_access,
-            CatalogPublisher(port, home_namespace, identity, clock)
-            if identity is not None
-            else None,
+            CatalogPublisher(records.catalog, identity, clock) if identity is not None else None,
         )
         self._scheduler = Scheduler(self._run_scheduled, resync_seconds=resync_seconds, clock=clock)
 

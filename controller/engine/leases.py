@@ -32,11 +32,10 @@ from typing import Any
 
 from controller.core.balance import assign
 from controller.core.events import EventSink, lease_acquired, lease_lost
-from controller.core.leases import LOCK_DELAY_SECONDS, LeaseItems, LeaseStanding, LeaseState
-from controller.core.paths import lease_path
+from controller.core.leases import LeaseItems, LeaseStanding, LeaseState
 from controller.core.times import utcnow
 from controller.nomad.errors import NomadError
-from controller.nomad.port import Locks, LockTerms, VariableWatch
+from controller.records.leases import LeaseRecords
 from controller.records.members import Members
 
 log = logging.getLogger(__name__)
@@ -70,32 +69,23 @@ class _Lease:
     settled: asyncio.Event = field(default_factory=asyncio.Event)  # set: none in flight
     follower: asyncio.Task[None] | None = None
 
-    @property
-    def path(self) -> str:
-        return lease_path(self.key)
-
 
 class Leases:
     def __init__(
         self,
-        port: Locks,
+        records: LeaseRecords,
         identity: str,
         events: EventSink,
         *,
-        ttl_seconds: float,
         on_change: Callable[[str], None],
         monotonic: Callable[[], float] = time.monotonic,
-        watcher: VariableWatch | None = None,
         members: Members | None = None,
     ) -> None:
-        """`watcher` makes the blocking reads of leases held elsewhere (a session whose
-        connections may wait; the port's by default); `members`, when given, spreads the
-        leases over the live reconcilers."""
-        self._port = port
-        self._watcher: VariableWatch = watcher or port
+        """`members`, when given, spreads the leases over the live reconcilers."""
+        self._records = records
         self.identity = identity
         self._events = events
-        self.ttl = ttl_seconds
+        self.ttl = records.terms.ttl_seconds
         self._on_change = on_change  # a lease was gained or lost: the pool's namespace
         self._monotonic = monotonic
         self._leases: dict[str, _Lease] = {}
@@ -190,25 +180,18 @@ class Leases:
                 return False
             await self.drop(key)
             return True
-        path = lease_path(key)
-        items = LeaseItems.taken(self.identity, "", utcnow())
         try:
-            stored = await self._port.acquire_lock(path, items.to_items(), namespace, self._terms)
-            if stored is not None:
-                await self._port.release_lock(path, namespace, _lock_id(stored))
+            return await self._records.taken(
+                key, namespace, LeaseItems.taken(self.identity, "", utcnow())
+            )
         except NomadError as error:
             log.debug("probing the lease of pool %s: %s", key, error)
             return True
-        return stored is None
 
     async def refresh(self, keys: Iterable[str]) -> None:
         """Renew or try these leases now unless that was done within TTL/3 (a pass calls
         this first, so it acts on what the lease is now, with or without the followers)."""
         await asyncio.gather(*(self._keep(self._leases[k]) for k in keys if k in self._leases))
-
-    @property
-    def _terms(self) -> LockTerms:
-        return LockTerms(self.ttl, LOCK_DELAY_SECONDS)
 
     # -- running -----------------------------------------------------------------------
 
@@ -263,8 +246,8 @@ class Leases:
     async def _wait_for_change(self, lease: _Lease) -> bool:
         """Block (at most TTL/3) until the lease variable changes; whether it did."""
         try:
-            variable, index = await self._watcher.wait_variable(
-                lease.path, lease.namespace, lease.seen_index, self.ttl / 3
+            holder, index = await self._records.wait(
+                lease.key, lease.namespace, lease.seen_index, self.ttl / 3
             )
         except NomadError as error:
             log.debug("watching the lease of pool %s: %s", lease.key, error)
@@ -274,8 +257,7 @@ class Leases:
         if changed:
             lease.changed_at = self._monotonic()
         lease.seen_index = index
-        if variable is not None:
-            self._note_holder(lease, variable)
+        self._note_holder(lease, holder)
         return changed
 
     async def _keep(self, lease: _Lease, *, force: bool = False) -> None:
@@ -296,18 +278,16 @@ class Leases:
 
     async def _acquire(self, lease: _Lease) -> None:
         if not await self._may_take(lease):
-            self._note_holder(lease, await self._port.read_variable(lease.path, lease.namespace))
+            self._note_holder(lease, await self._records.holder(lease.key, lease.namespace))
             return
         sent = self._monotonic()
         items = LeaseItems.taken(self.identity, lease.spec_hash, utcnow(), lease.resource)
-        stored = await self._port.acquire_lock(
-            lease.path, items.to_items(), lease.namespace, self._terms
-        )
-        lease.refused = stored is None
-        if stored is None:
-            self._note_holder(lease, await self._port.read_variable(lease.path, lease.namespace))
+        lock_id = await self._records.take(lease.key, lease.namespace, items)
+        lease.refused = lock_id is None
+        if lock_id is None:
+            self._note_holder(lease, await self._records.holder(lease.key, lease.namespace))
             return
-        lease.lock_id = _lock_id(stored)
+        lease.lock_id = lock_id
         lease.valid_until = sent + self.ttl
         lease.written_spec, lease.written_resource = lease.spec_hash, lease.resource
         lease.holder, lease.holder_spec, lease.holder_resource = "", "", ""
@@ -317,7 +297,7 @@ class Leases:
     async def _renew(self, lease: _Lease) -> None:
         assert lease.lock_id is not None
         sent = self._monotonic()
-        if not await self._port.renew_lock(lease.path, lease.namespace, lease.lock_id):
+        if not await self._records.renew(lease.key, lease.namespace, lease.lock_id):
             announced, lease.lapsed = lease.lapsed, False
             lease.lock_id, lease.valid_until = None, 0.0
             if not announced:
@@ -334,9 +314,7 @@ class Leases:
             self._on_change(lease.namespace)
         if (lease.written_spec, lease.written_resource) != (lease.spec_hash, lease.resource):
             items = LeaseItems.taken(self.identity, lease.spec_hash, utcnow(), lease.resource)
-            await self._port.write_locked(
-                lease.path, items.to_items(), lease.namespace, lease.lock_id
-            )
+            await self._records.rewrite(lease.key, lease.namespace, items, lease.lock_id)
             lease.written_spec, lease.written_resource = lease.spec_hash, lease.resource
 
     # -- spreading the leases ------------------------------------------------------------
@@ -433,8 +411,7 @@ class Leases:
         self._events(lease_lost(lease.key, self.identity, why))
         self._on_change(lease.namespace)
 
-    def _note_holder(self, lease: _Lease, variable: dict[str, Any] | None) -> None:
-        items = LeaseItems.from_variable(variable)
+    def _note_holder(self, lease: _Lease, items: LeaseItems | None) -> None:
         holder = (items.holder, items.spec_hash, items.resource) if items else ("", "", "")
         if holder != (lease.holder, lease.holder_spec, lease.holder_resource):
             lease.holder, lease.holder_spec, lease.holder_resource = holder
@@ -457,7 +434,7 @@ class Leases:
                 )
                 return
         try:
-            await self._port.release_lock(lease.path, lease.namespace, lock_id)
+            await self._records.give_back(lease.key, lease.namespace, lock_id)
         except NomadError as error:
             log.warning("could not release the lease of pool %s: %s", lease.key, error)
             if self._running and self._leases.get(lease.key) is lease:
@@ -465,8 +442,3 @@ class Leases:
                 # succeeds) and given back at the next balancing, rather than left locked
                 # until Nomad expires it.
                 lease.lock_id = lock_id
-
-
-def _lock_id(stored: dict[str, Any]) -> str:
-    """The lock ID in the variable an acquisition stored."""
-    return str((stored.get("Lock") or {}).get("ID", ""))

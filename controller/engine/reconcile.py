@@ -271,9 +271,10 @@ class Reconciler:
     async def _publish_catalog(self, acting: list[ManagedPool], finished: list[str]) -> None:
         assert self.catalog is not None
         defined = {m.key for m in self.registry}
+        records = self.catalog.records
         await self.catalog.publish([m for m in acting if m.key in defined], self.nodes)
-        await self.catalog.withdraw([*finished, *(self.catalog.published() - defined)])
-        await self.catalog.collect_stale(defined)
+        await records.withdraw([*finished, *(set(records.written) - defined)])
+        await records.collect_stale(defined)
 
     def _note_lease(self, managed: ManagedPool, lease: LeaseState) -> None:
         """Keep the pool's lease state for its status; warn once per change when the

@@ -27,7 +27,7 @@ from typing import Any, Final, Protocol
 import yaml
 from pydantic import ValidationError
 
-from controller.core.paths import ENVIRONMENTS_PREFIX
+from controller.core.paths import ENVIRONMENTS_PREFIX, environment_path
 from controller.core.views import PoolMode
 from controller.model import (
     API_VERSION,
@@ -38,14 +38,13 @@ from controller.model import (
     is_environment_id,
     validation_errors,
 )
-from controller.nomad.errors import NomadConflict
-from controller.nomad.port import Variables
+from controller.records.environments import EnvironmentRecords
+from controller.records.reading import Known
 from controller.sources.registration import removal
 
 log = logging.getLogger(__name__)
 
 DEFAULT_NAMESPACE: Final = "poseidon"
-CAS_ATTEMPTS: Final = 5
 
 # What each environment sets, so an environment template may not (document paths).
 ENVIRONMENT_FIELDS: Final = (
@@ -263,6 +262,10 @@ def _poseidon_path(path: str) -> str:
     return name + bracket + index if name is not None else path
 
 
+def _environment_id(path: str) -> int:
+    return int(path.removeprefix(ENVIRONMENTS_PREFIX))
+
+
 def pool_name(env_id: int) -> str:
     return f"environment-{env_id}"
 
@@ -319,16 +322,14 @@ class EnvironmentStore:
 
     def __init__(
         self,
-        port: Variables,
-        namespace: str,
+        records: EnvironmentRecords,
         template: EnvironmentTemplate,
         engine: Registrar | None,
         *,
         active: Callable[[], bool] = lambda: True,
         on_written: Callable[[], None] = lambda: None,
     ) -> None:
-        self._port = port
-        self._namespace = namespace
+        self._records = records
         self.template = template
         self._engine = engine
         self._active = active
@@ -355,34 +356,23 @@ class EnvironmentStore:
         """Read the environments from Nomad (only changed variables are read again) and
         make the engine hold their pools. A failed read changes nothing."""
         async with self._lock:
-            listed = await self._port.list_variables(ENVIRONMENTS_PREFIX, self._namespace)
-            found: dict[int, _Stored] = {}
-            for meta in listed:
-                path = str(meta.get("Path", ""))
-                suffix = path.removeprefix(ENVIRONMENTS_PREFIX)
-                if not is_environment_id(suffix):
-                    self._warn_once(path, 0, "not an environment ID; ignored")
-                    continue
-                env_id, index = int(suffix), int(meta.get("ModifyIndex", 0))
-                known = self._stored.get(env_id)
-                if known is not None and known.modify_index == index:
-                    found[env_id] = known
-                    continue
-                variable = await self._port.read_variable(path, self._namespace)
-                if variable is not None:
-                    found[env_id] = self._read(env_id, path, variable, known)
+            known = {environment_path(i): Known(s.modify_index, s) for i, s in self._stored.items()}
+            read = await self._records.read(known, self._decode, self._valid)
+            found = {_environment_id(path): hit.value for path, hit in read.items()}
             for env_id in self._stored.keys() - found.keys():
-                # Nomad leaves out of a list, silently, what the token may not read: a
-                # variable is gone only when reading it says so (a 403 stops the refresh).
-                path = ENVIRONMENTS_PREFIX + str(env_id)
-                variable = await self._port.read_variable(path, self._namespace)
-                if variable is None:
-                    self._remove(self._stored[env_id])
-                else:
-                    self._warn_once(path, 0, "missing from the list but readable: kept")
-                    found[env_id] = self._read(env_id, path, variable, self._stored[env_id])
+                self._remove(self._stored[env_id])
             self._stored = found
             self._register()
+
+    def _valid(self, path: str) -> bool:
+        if is_environment_id(path.removeprefix(ENVIRONMENTS_PREFIX)):
+            return True
+        self._warn_once(path, 0, "not an environment ID; ignored")
+        return False
+
+    def _decode(self, path: str, variable: Mapping[str, Any]) -> _Stored:
+        env_id = _environment_id(path)
+        return self._read(env_id, path, variable, self._stored.get(env_id))
 
     def _read(
         self, env_id: int, path: str, variable: Mapping[str, Any], known: _Stored | None
@@ -411,47 +401,23 @@ class EnvironmentStore:
         pool = self.template.pool_for(environment)
         if self._held_elsewhere(pool.key):
             raise EnvironmentTaken(f"pool {pool.key} is defined by the pool files or a resource")
-        path = ENVIRONMENTS_PREFIX + str(environment.id)
         async with self._lock:
-            for _ in range(CAS_ATTEMPTS):
-                current = await self._port.read_variable(path, self._namespace)
-                index = int(current.get("ModifyIndex", 0)) if current is not None else 0
-                try:
-                    stored = await self._port.put_variable(
-                        path, environment.items(), self._namespace, cas=index
-                    )
-                except NomadConflict:
-                    continue  # written meanwhile by another replica: read it again
-                new_index = int(stored.get("ModifyIndex", 0))
-                self._stored[environment.id] = _Stored(new_index, environment, pool)
-                self._register()
-                self._on_written()
-                return index == 0
-        raise NomadConflict(f"{path} changed {CAS_ATTEMPTS} times while being written")
+            index, created = await self._records.put(environment.id, environment.items())
+            self._stored[environment.id] = _Stored(index, environment, pool)
+            self._register()
+            self._on_written()
+            return created
 
     async def delete(self, env_id: int) -> bool:
         """Remove an environment (its pool drains); False when there is none."""
-        path = ENVIRONMENTS_PREFIX + str(env_id)
         async with self._lock:
-            for _ in range(CAS_ATTEMPTS):
-                current = await self._port.read_variable(path, self._namespace)
-                if current is None:
-                    gone = self._stored.pop(env_id, None)
-                    if gone is not None:
-                        self._remove(gone)
-                    return False
-                try:
-                    await self._port.delete_variable(
-                        path, self._namespace, cas=int(current.get("ModifyIndex", 0))
-                    )
-                except NomadConflict:
-                    continue
-                gone = self._stored.pop(env_id, None)
-                if gone is not None:
-                    self._remove(gone)
+            removed = await self._records.delete(env_id)
+            gone = self._stored.pop(env_id, None)
+            if gone is not None:
+                self._remove(gone)
+            if removed:
                 self._on_written()
-                return True
-        raise NomadConflict(f"{path} changed {CAS_ATTEMPTS} times while being deleted")
+            return removed
 
     # ---- the engine --------------------------------------------------------------------
 

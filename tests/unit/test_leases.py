@@ -9,13 +9,21 @@ from typing import Any
 import pytest
 
 from controller.core.events import EventKind, PoolEvent
-from controller.core.leases import LeaseItems, LeaseStanding, LeaseState, takeover_seconds
+from controller.core.leases import (
+    LOCK_DELAY_SECONDS,
+    LeaseItems,
+    LeaseStanding,
+    LeaseState,
+    takeover_seconds,
+)
+from controller.core.members import Membership
 from controller.core.paths import lease_path
 from controller.core.times import utcnow
 from controller.engine.leases import Leases
 from controller.nomad.errors import NomadUnavailable
 from controller.nomad.port import LockTerms
-from controller.records.members import Members, Membership
+from controller.records.leases import LeaseRecords
+from controller.records.members import Members
 from tests.support.waiting import wait_until
 
 KEY = "default/py.312"
@@ -76,6 +84,10 @@ class FakeLocks:
         return await self.read_variable(path, namespace), index
 
 
+def lease_records(port: FakeLocks, watcher: Any = None, ttl: float = TTL) -> LeaseRecords:
+    return LeaseRecords(port, watcher or port, LockTerms(ttl, LOCK_DELAY_SECONDS))  # type: ignore[arg-type]
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 1000.0
@@ -89,7 +101,7 @@ def world() -> tuple[FakeLocks, Clock, list[PoolEvent], Leases]:
     port, clock = FakeLocks(), Clock()
     events: list[PoolEvent] = []
     leases = Leases(
-        port, "host/1", events.append, ttl_seconds=TTL, on_change=lambda ns: None, monotonic=clock
+        lease_records(port), "host/1", events.append, on_change=lambda ns: None, monotonic=clock
     )
     return port, clock, events, leases
 
@@ -302,9 +314,7 @@ async def test_a_lease_held_elsewhere_is_watched_on_the_watch_session() -> None:
     port.held[lease_path(KEY)] = "theirs"
     port.items[lease_path(KEY)] = LeaseItems.taken("other/1", "s", utcnow()).to_items()
     watcher = Watcher(port)
-    leases = Leases(
-        port, "me/1", lambda _: None, ttl_seconds=TTL, on_change=lambda _: None, watcher=watcher
-    )
+    leases = Leases(lease_records(port, watcher), "me/1", lambda _: None, on_change=lambda _: None)
     leases.want(KEY, "default", "s")
     leases.start()
     try:
@@ -410,7 +420,9 @@ class StallingMembers(Members):
         self.pools = pools
         self.readings = 0
 
-    async def beat(self, pools: Collection[str], holds: Collection[str]) -> None:
+    async def beat(
+        self, pools: Collection[str], holds: Collection[str], lapsed: Collection[str] = ()
+    ) -> None:
         pass
 
     async def live(self) -> Membership:
@@ -426,8 +438,8 @@ async def test_the_balancer_outlives_a_reading_that_hangs_or_fails() -> None:
     pools = frozenset({KEY, "default/other"})
     members = StallingMembers(pools)
     leases = Leases(
-        FakeLocks(), "host/1", lambda event: None, ttl_seconds=0.3, on_change=lambda ns: None,
-        members=members,
+        lease_records(FakeLocks(), ttl=0.3), "host/1", lambda event: None,
+        on_change=lambda ns: None, members=members,
     )  # fmt: skip
     for key in pools:
         leases.want(key, "default", "spec-a")
@@ -450,7 +462,9 @@ class FixedMembers(Members):
         super().__init__(FakeLocks(), "default", "host/1", TTL, utcnow)  # type: ignore[arg-type]
         self.membership = Membership(defines, holders)
 
-    async def beat(self, pools: Collection[str], holds: Collection[str]) -> None:
+    async def beat(
+        self, pools: Collection[str], holds: Collection[str], lapsed: Collection[str] = ()
+    ) -> None:
         pass
 
     async def live(self) -> Membership:
@@ -472,8 +486,8 @@ async def test_a_lease_nomad_would_not_take_back_is_renewed_and_given_back_later
     both = frozenset({KEY})
     members = FixedMembers({"host/1": both, "other/2": both}, {KEY: "host/1"})
     leases = Leases(
-        port, "host/1", lambda event: None, ttl_seconds=0.3, on_change=lambda ns: None,
-        members=members,
+        lease_records(port, ttl=0.3), "host/1", lambda event: None,
+        on_change=lambda ns: None, members=members,
     )  # fmt: skip
     leases.want(KEY, "default", "spec-a")
     leases.start()
