@@ -123,11 +123,13 @@ class Leases:
         return {k for k, lease in self._leases.items() if lease.namespace == namespace}
 
     async def drop(self, key: str) -> None:
-        """Stop holding this pool's lease (the pool is gone from this process)."""
+        """Stop holding this pool's lease (the pool is gone from this process), and delete
+        its variable unless another process holds it: a lease outlives no pool."""
         lease = self._leases.pop(key, None)
         if lease is not None:
             await self._stop_following(lease)
             await self._release(lease)
+            await self._records.forget(key, lease.namespace)
 
     def holds(self, key: str) -> bool:
         lease = self._leases.get(key)

@@ -20,7 +20,7 @@ from controller.core.members import Membership
 from controller.core.paths import lease_path
 from controller.core.times import utcnow
 from controller.engine.leases import Leases
-from controller.nomad.errors import NomadUnavailable
+from controller.nomad.errors import NomadConflict, NomadUnavailable
 from controller.nomad.port import LockTerms
 from controller.records.leases import LeaseRecords
 from controller.records.members import Members
@@ -78,6 +78,12 @@ class FakeLocks:
         self._check("read", path)
         return {"Path": path, "Items": self.items[path]} if path in self.items else None
 
+    async def delete_variable(self, path: str, namespace: str, *, cas: int | None = None) -> None:
+        self._check("delete", path)
+        if path in self.held:  # Nomad deletes no locked variable
+            raise NomadConflict(f"{path} is locked")
+        self.items.pop(path, None)
+
     async def wait_variable(
         self, path: str, namespace: str, index: int, wait_seconds: float
     ) -> tuple[dict[str, Any] | None, int]:
@@ -85,7 +91,7 @@ class FakeLocks:
 
 
 def lease_records(port: FakeLocks, watcher: Any = None, ttl: float = TTL) -> LeaseRecords:
-    return LeaseRecords(port, watcher or port, LockTerms(ttl, LOCK_DELAY_SECONDS))  # type: ignore[arg-type]
+    return LeaseRecords(port, watcher or port, LockTerms(ttl, LOCK_DELAY_SECONDS))
 
 
 class Clock:
@@ -271,9 +277,23 @@ async def test_stopping_gives_held_leases_back_and_drop_releases_one(world) -> N
     await leases.refresh([KEY, "default/other"])
     await leases.drop("default/other")
     assert lease_path("default/other") not in port.held
+    # The pool is gone from this process: its lease variable goes too.
+    assert lease_path("default/other") not in port.items
     await leases.stop(release=True)
     assert port.held == {}
     assert not leases.holds(KEY)
+    assert lease_path(KEY) in port.items  # stopping gives back; the pool lives on
+
+
+async def test_a_dropped_lease_another_process_holds_stays(world) -> None:
+    port, _, _, leases = world
+    path = lease_path(KEY)
+    port.held[path] = "theirs"
+    port.items[path] = LeaseItems.taken("other/2", "s", utcnow()).to_items()
+    leases.want(KEY, "default", "spec-a")
+    await leases.refresh([KEY])
+    await leases.drop(KEY)
+    assert port.items[path]["holder"] == "other/2"
 
 
 async def test_asking_whether_another_process_holds_a_lease_gives_a_free_one_back(world) -> None:
