@@ -11,6 +11,7 @@ from typing import Final
 from aiohttp import web
 
 from controller.api.auth import EVERY_POOL, Scope, TokenSet, scope
+from controller.claims.outcomes import ClaimOutcome
 from controller.claims.runners import RunnerClaims
 from controller.claims.service import ClaimService
 from controller.directory.view import PoolDirectory, PoolEntry
@@ -82,17 +83,26 @@ def poseidon(request: web.Request) -> Poseidon:
     return request.app[POSEIDON_KEY]
 
 
+# Poseidon's own words for some claim outcomes (others say the service's message).
+_CLAIM_TEXTS: Final = {
+    ClaimOutcome.EMPTY: NO_IDLE_RUNNER,
+    ClaimOutcome.UNKNOWN_POOL: NO_ENVIRONMENT,
+    ClaimOutcome.RUNNER_GONE: NO_RUNNER,
+}
+
+
 def from_service_error(error: ServiceError) -> PoseidonError:
-    """A service error as Poseidon answers the same situation."""
+    """A service error as Poseidon answers the same situation: a claim's outcome as
+    claims/outcomes.py says, the rest here."""
+    outcome = ClaimOutcome.for_code(error.code)
+    if outcome is not None:
+        answers = outcome.answers
+        code = ErrorCode(answers.poseidon_code) if answers.poseidon_code else None
+        text = _CLAIM_TEXTS.get(outcome, error.message)
+        return PoseidonError(answers.poseidon_status, text, code)
     match error.code:
-        case ServiceCode.POOL_EMPTY:
-            return PoseidonError(500, NO_IDLE_RUNNER, ErrorCode.NOMAD_OVERLOAD)
-        case ServiceCode.POOL_NOT_FOUND:
-            return PoseidonError(404, NO_ENVIRONMENT)
-        case ServiceCode.RUNNER_NOT_FOUND | ServiceCode.RUNNER_GONE:
+        case ServiceCode.RUNNER_NOT_FOUND:
             return PoseidonError(410, NO_RUNNER)
-        case ServiceCode.INVALID_REQUEST:
-            return bad_request(error.message)
         case ServiceCode.FILE_NOT_FOUND:
             return PoseidonError(424, NO_FILE)
         case ServiceCode.EXECUTION_NOT_FOUND:
@@ -103,8 +113,6 @@ def from_service_error(error: ServiceError) -> PoseidonError:
             return bad_request(error.message)
         case ServiceCode.TOO_MANY_EXECUTIONS:
             return PoseidonError(409, error.message)
-        case ServiceCode.NOMAD_UNAVAILABLE:
-            return PoseidonError(500, error.message, ErrorCode.NOMAD_UNREACHABLE)
         case _:
             return PoseidonError(500, error.message, ErrorCode.UNKNOWN)
 
