@@ -12,6 +12,11 @@ lease that comes free is taken only by the process it is assigned to (which read
 members again first, so a stopped process's share is taken at once). A lease of a pool only
 being drained (no spec) is not spread: any process takes it.
 
+A holder whose renewals fail for a TTL (LeaseLost) says so in its member record for the
+takeover time: the others assign the pool to another member, and the holder gives the
+lock back at its next balancing. So a process whose other writes succeed while its
+renewals fail does not keep the pool from everyone; alone, it keeps trying.
+
 Fencing is by time: a lease counts as held only until one TTL after the last renewal that
 succeeded (measured from when it was sent), while Nomad frees an unrenewed lock only twice
 its TTL after the last renewal, then keeps it for the lock delay. So a holder that cannot
@@ -32,7 +37,7 @@ from typing import Any
 
 from controller.core.balance import assign
 from controller.core.events import EventSink, lease_acquired, lease_lost
-from controller.core.leases import LeaseItems, LeaseStanding, LeaseState
+from controller.core.leases import LeaseItems, LeaseStanding, LeaseState, takeover_seconds
 from controller.core.times import utcnow
 from controller.nomad.errors import NomadError
 from controller.records.leases import LeaseRecords
@@ -64,6 +69,9 @@ class _Lease:
     changed_at: float = -float("inf")  # monotonic: when its variable was last seen changing
     last_round: float | None = None  # monotonic time of the last renewal or attempt
     lapsed: bool = False  # no renewal succeeded for a TTL: not written, LeaseLost said
+    # Until then (monotonic) its member record says this process could not keep the lease,
+    # so that another member takes the pool (set by a lapse, cleared by a renewal).
+    unfit_until: float = 0.0
     busy: asyncio.Lock = field(default_factory=asyncio.Lock)  # one round at a time
     writes: int = 0  # writes of the pool in flight under the lease
     settled: asyncio.Event = field(default_factory=asyncio.Event)  # set: none in flight
@@ -311,7 +319,7 @@ class Leases:
             return
         lease.valid_until = sent + self.ttl
         if lease.lapsed:
-            lease.lapsed = False
+            lease.lapsed, lease.unfit_until = False, 0.0
             self._events(lease_acquired(lease.key, self.identity))
             self._on_change(lease.namespace)
         if (lease.written_spec, lease.written_resource) != (lease.spec_hash, lease.resource):
@@ -346,6 +354,11 @@ class Leases:
             and lease.key in self._live.get(holder, frozenset())
         )
 
+    def _unfit(self, lease: _Lease) -> bool:
+        """Whether this process could not keep the lease lately (its renewals failed
+        while, maybe, its other writes succeed): another member is to take the pool."""
+        return self._monotonic() < lease.unfit_until
+
     def _assigned(self, lease: _Lease) -> bool:
         return self._target is None or not lease.spec_hash or lease.key in self._target
 
@@ -368,12 +381,13 @@ class Leases:
         async with self._balancing:
             spread = {k: lease for k, lease in self._leases.items() if lease.spec_hash}
             self._read_at = self._monotonic()
+            unfit = frozenset(k for k, lease in spread.items() if self._unfit(lease))
             try:
                 # Bounded: every lease waiting to be taken waits for this lock.
                 async with asyncio.timeout(self.ttl):
                     if beat:
                         held = [key for key in spread if self.holds(key)]
-                        await self._members.beat(spread, held)
+                        await self._members.beat(spread, held, unfit)
                     membership = await self._members.live()
             except (NomadError, TimeoutError) as error:
                 why = str(error) or f"no answer within {self.ttl:g} s"
@@ -382,13 +396,14 @@ class Leases:
                 return
             members, holders = membership.defines, membership.holders
             members[self.identity] = frozenset(spread)
+            lapsed = membership.lapsed | {self.identity: unfit}
             self._live = members
-            self._target = assign(members, holders).get(self.identity, frozenset())
+            self._target = assign(members, holders, lapsed).get(self.identity, frozenset())
         for key, lease in spread.items():
             if key in self._target:
                 if not self.holds(key) and not self._shared_with(lease):
                     self._wake(lease)  # free, or its holder is no member any more
-            elif self.holds(key) and self._leases.get(key) is lease:
+            elif (self.holds(key) or lease.lapsed) and self._leases.get(key) is lease:
                 log.info("pool %s: the lease goes to another reconciler's share", key)
                 await self._release(lease)
                 self._on_change(lease.namespace)
@@ -409,6 +424,7 @@ class Leases:
         if lease.lock_id is None or lease.lapsed or self._monotonic() < lease.valid_until:
             return
         lease.lapsed = True
+        lease.unfit_until = self._monotonic() + takeover_seconds(self.ttl)
         why = f"no renewal succeeded for {self.ttl:g} s: {error}"
         self._events(lease_lost(lease.key, self.identity, why))
         self._on_change(lease.namespace)
