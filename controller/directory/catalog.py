@@ -78,6 +78,14 @@ class CatalogPool:
         return True  # its holder published what a pass of it saw
 
     @property
+    def current(self) -> bool:
+        return True  # published after a pass; while the catalog is unread, nothing is served
+
+    @property
+    def unsettled(self) -> frozenset[str]:
+        return frozenset()  # its holder publishes no offer a pass has not seen
+
+    @property
     def offer(self) -> Offer:
         return self.record.offer
 
@@ -110,7 +118,7 @@ class CatalogDirectory:
         self._doorbell = records.doorbell
         self._publisher = records.waiting
         self.clock = clock
-        self.pools: Mapping[str, PoolEntry] = {}
+        self.pools: Mapping[str, CatalogPool] = {}
         self._entries: dict[str, CatalogPool] = {}  # by pool key
         self._known: dict[str, Known[CatalogPool | None]] = {}  # by record path
         self._waiting: dict[str, WaitingClaims] = {}

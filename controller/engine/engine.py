@@ -9,6 +9,7 @@ publish.py), removed pools and orphans (drains.py). Code outside reads pools thr
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
@@ -276,11 +277,14 @@ class Engine:
         self._scheduler.hint(namespace)
 
     def hint_job(self, namespace: str, job_id: str) -> None:
-        """An event about a job: wake the namespace only if the job looks like a runner."""
-        if any(
-            is_runner_id(m.policy.job_prefix, job_id) for m in self._registry.reconciled(namespace)
-        ):
-            self._scheduler.hint(namespace)
+        """An event about a job: wake the namespace only if the job is a pool's runner,
+        which claims leave alone until a pass has seen its job again."""
+        for managed in self._registry.reconciled(namespace):
+            if is_runner_id(managed.policy.job_prefix, job_id):
+                if managed.observed:  # what a pass here offers
+                    managed.job_events[job_id] = time.monotonic()
+                self._scheduler.hint(namespace)
+                return
 
     async def start(self) -> None:
         if self.leases is not None:

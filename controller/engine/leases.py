@@ -273,7 +273,8 @@ class Leases:
     async def _keep(self, lease: _Lease, *, force: bool = False) -> None:
         async with lease.busy:
             last = lease.last_round
-            due = force or last is None or self._monotonic() - last >= self.ttl / 3
+            # A lapsed lease is tried whenever asked: a pass asks once Nomad answers again.
+            due = force or lease.lapsed or last is None or self._monotonic() - last >= self.ttl / 3
             if not due or self._stopped or self._leases.get(lease.key) is not lease:
                 return
             lease.last_round = self._monotonic()

@@ -122,7 +122,9 @@ class Reconciler:
                 with self.metrics.reconcile_duration.time():
                     return await self._pass(namespace, started)
             except NomadError:
+                failed = time.monotonic()
                 for managed in self.registry.reconciled(namespace):
+                    managed.failed_at = failed  # its view may be older than a recovery
                     self.metrics.reconcile_total.labels(pool=managed.key, result="error").inc()
                 raise
 
@@ -341,6 +343,7 @@ class Reconciler:
         started, managed.seen_running = breakers.newly_running(managed.seen_running, runners)
         managed.runners, managed.observation, managed.observed = tuple(runners), observation, True
         managed.observation_started = observation_started
+        managed.observed_jobs()
         # Only demand reads every job and claim; a thread hop would cost more than the rest.
         measured = len(observation.jobs) + len(observation.claims) if policy.demand else 0
         managed.target, managed.pacing = await compute(
