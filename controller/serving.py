@@ -34,6 +34,7 @@ from controller.api.openapi import extended
 from controller.api.routes import OPENAPI_KEY
 from controller.claims.runners import RunnerClaims
 from controller.claims.service import ClaimService
+from controller.core.leases import DEFAULT_TTL_SECONDS
 from controller.core.readiness import Readiness
 from controller.core.times import utcnow
 from controller.directory.catalog import CatalogDirectory
@@ -306,6 +307,8 @@ class Serving:
         )
         self.catalog = CatalogDirectory(self.records, clock=clock, own=own, wanted=wanted)
         self.environments: EnvironmentStore | None = None
+        # The API tier reads who runs the managed environments from the member records.
+        self._members = self.records.members(DEFAULT_TTL_SECONDS) if api_tier else None
 
     @property
     def manages_environments(self) -> bool:
@@ -342,6 +345,8 @@ class Serving:
         assert self.environments is not None  # only refreshed with managed environments
         try:
             await self.environments.refresh()
+            if self._members is not None:
+                self.environments.note_keepers((await self._members.live()).environments)
         except NomadError as error:
             log.warning("cannot read the Poseidon environments from Nomad: %s", error)
             return False

@@ -19,9 +19,9 @@ from controller.errors import ErrorCode as ServiceCode
 from controller.errors import ServiceError
 from controller.executions.files import FileOperations
 from controller.executions.manager import ExecutionManager
-from controller.poseidon.environments import environment_pools
+from controller.poseidon.environments import described, environment_pools
 from controller.poseidon.wire import ErrorCode, PoseidonError, bad_request
-from controller.sources.environments import EnvironmentStore
+from controller.sources.environments import Environment, EnvironmentStore
 
 PREFIX: Final = "/api/v1"
 # Poseidon's texts, which its client may match.
@@ -69,8 +69,26 @@ class Poseidon:
         why = self.directory.available()
         if why is not None:
             raise ServiceError(ServiceCode.NOMAD_UNAVAILABLE, why)
-        managed = self.store.keys if self.store is not None else frozenset()
-        return environment_pools(self.directory, managed, visible)
+        store = self.store
+        if store is None:
+            return environment_pools(self.directory, frozenset(), visible)
+        store.forget_gone(self.directory.pools.keys())
+        serving = environment_pools(self.directory, store.keys, visible)
+        return {env_id: view for env_id, view in serving.items() if not store.gone(view.key)}
+
+    def environments(self, visible: Scope = EVERY_POOL) -> dict[int, Environment]:
+        """Environment ID -> the environment, as the pools serving them describe them; a
+        managed one as this process last wrote or read it, whether its pool runs yet or
+        not (a replica reads its own writes at once)."""
+        serving = self.serving(visible)
+        found = {env_id: described(view) for env_id, view in serving.items()}
+        if self.store is not None:
+            for env_id, environment in self.store.stored().items():
+                view = serving.get(env_id)
+                key = self.store.template.key(env_id)
+                if (view is None or self.is_managed(view)) and visible.allows(key):
+                    found[env_id] = environment
+        return dict(sorted(found.items()))
 
     def is_managed(self, view: PoolEntry) -> bool:
         return self.store is not None and view.key in self.store.keys

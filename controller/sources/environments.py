@@ -18,7 +18,7 @@ import asyncio
 import copy
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -67,6 +67,13 @@ _POSEIDON_NAMES: Final = {
     "spec.runner.memoryMaxMB": "memoryLimit",
     "spec.runner.ports": "exposedPorts",
 }
+
+
+# What the API tier says when no reconciler registers the managed environments' pools.
+UNKEPT: Final = (
+    "managed Poseidon environments are kept in Nomad, but no reconciler runs them: start "
+    "poolkeeper run or operator with --poseidon-api --poseidon-environments managed"
+)
 
 
 class EnvironmentInvalid(ValueError):
@@ -338,6 +345,12 @@ class EnvironmentStore:
         self._lock = asyncio.Lock()  # a refresh never applies a read older than a write
         self._warned: set[tuple[str, int]] = set()
         self._registered: set[str] = set()  # keys this store gave the engine
+        # Pools of environments deleted (here, or seen gone) that a directory may still
+        # list until their reconciler drains them: served no more.
+        self._gone: set[str] = set()
+        # Without an engine (the API tier): the reconcilers that register the
+        # environments' pools, as their member records last said (None: not read yet).
+        self._keepers: frozenset[str] | None = None
 
     @property
     def keys(self) -> frozenset[str]:
@@ -349,6 +362,39 @@ class EnvironmentStore:
         runs)."""
         stored = self._stored.get(env_id)
         return stored is not None and stored.pool is not None
+
+    def stored(self) -> dict[int, Environment]:
+        """The environments stored with a valid pool, as this process last read or wrote
+        them (what it wrote, at once)."""
+        return {
+            env_id: s.environment
+            for env_id, s in self._stored.items()
+            if s.pool is not None and s.environment is not None
+        }
+
+    def gone(self, key: str) -> bool:
+        """Whether the pool is of an environment deleted since: not to be served, though
+        a directory may list it until its reconciler drains it."""
+        return key in self._gone
+
+    def forget_gone(self, listed: Collection[str]) -> None:
+        """Pools a directory no longer lists need no hiding."""
+        self._gone &= set(listed)
+
+    @property
+    def kept(self) -> bool:
+        """Whether a reconciler registers the environments' pools (as far as known)."""
+        return self._engine is not None or self._keepers is None or bool(self._keepers)
+
+    def note_keepers(self, keepers: Collection[str]) -> None:
+        """The reconcilers that register the environments' pools now (the API tier reads
+        them from their member records): say when none does while environments wait."""
+        kept = frozenset(keepers)
+        if not kept and self._stored and self._keepers != kept:
+            log.warning("%s", UNKEPT)
+        elif kept and self._keepers is not None and not self._keepers:
+            log.info("a reconciler runs the managed environments again: %s", ", ".join(kept))
+        self._keepers = kept
 
     # ---- reading ---------------------------------------------------------------------
 
@@ -404,6 +450,9 @@ class EnvironmentStore:
         async with self._lock:
             index, created = await self._records.put(environment.id, environment.items())
             self._stored[environment.id] = _Stored(index, environment, pool)
+            self._gone.discard(pool.key)
+            if not self.kept:
+                log.warning("Poseidon environment %d written: %s", environment.id, UNKEPT)
             self._register()
             self._on_written()
             return created
@@ -415,6 +464,7 @@ class EnvironmentStore:
             gone = self._stored.pop(env_id, None)
             if gone is not None:
                 self._remove(gone)
+            self._gone.add(self.template.key(env_id))
             if removed:
                 self._on_written()
             return removed
@@ -445,6 +495,8 @@ class EnvironmentStore:
 
     def _remove(self, stored: _Stored) -> None:
         pool = stored.pool
+        if pool is not None:
+            self._gone.add(pool.key)
         if (
             self._engine is not None
             and pool is not None
