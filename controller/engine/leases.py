@@ -5,7 +5,7 @@ while another process holds it, it watches the lease variable with a blocking qu
 tries again as soon as the variable changes (a release, or Nomad freeing an expired lock)
 or TTL/3 passes. So a pool given back on SIGTERM is taken over within a moment.
 
-With members (engine/members.py), leases are spread over the live reconcilers
+With members (records/members.py), leases are spread over the live reconcilers
 (core/balance.py): every TTL/3 a process says which pools it defines, reads who else
 does, gives back the leases assigned to others and takes the free ones assigned to it; a
 lease that comes free is taken only by the process it is assigned to (which reads the
