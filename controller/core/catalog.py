@@ -1,6 +1,6 @@
 """What reconcilers and API replicas tell each other, as Nomad variables in the
 controller's own Nomad namespace (the home namespace both sides share). Pure: the
-records and their items; the I/O is in engine/catalog.py and directory/.
+records and their items (their paths are in core/paths.py, their I/O in records/).
 
 - `poolkeeper/catalog/<namespace>~<name>`: a pool as its lease holder publishes it for
   the API tier: its spec (without `jobTemplate`, which only the reconciler renders), its
