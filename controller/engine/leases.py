@@ -198,6 +198,14 @@ class Leases:
             log.debug("probing the lease of pool %s: %s", key, error)
             return True
 
+    async def collect_stale(self, namespace: str) -> None:
+        """Delete the leases in this namespace of pools no live reconciler defines, left by
+        a process that died (only with members: who defines what is read from them)."""
+        if self._members is None or not self._live:
+            return
+        defined = set(self._leases).union(*self._live.values())
+        await self._records.collect_stale(namespace, defined)
+
     async def refresh(self, keys: Iterable[str]) -> None:
         """Renew or try these leases now unless that was done within TTL/3 (a pass calls
         this first, so it acts on what the lease is now, with or without the followers)."""

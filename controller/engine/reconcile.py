@@ -197,6 +197,8 @@ class Reconciler:
             await self._publish_catalog(acting, finished)
         if whole:  # request records of every claim, seen only in a whole listing
             await self._collect_requests(namespace, observed, now)
+            if self.leases is not None:
+                await self.leases.collect_stale(namespace)
         return PassResult(
             namespace,
             time.perf_counter() - started,

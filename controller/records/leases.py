@@ -8,10 +8,13 @@ Who takes which lease when, and fencing by time, are the engine's (engine/leases
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Collection
 from typing import Any, Protocol
 
+from controller.core.catalog import STALE_SECONDS
 from controller.core.leases import LeaseItems
-from controller.core.paths import lease_path
+from controller.core.paths import LEASES_PREFIX, lease_path
 from controller.nomad.errors import NomadConflict, NomadError
 from controller.nomad.port import Locks, LockTerms, VariableWatch
 from controller.records.writing import index_of
@@ -20,7 +23,9 @@ log = logging.getLogger(__name__)
 
 
 class LeasePort(Locks, Protocol):
-    """Nomad's locks, and deleting a free lease variable."""
+    """Nomad's locks, and listing and deleting free lease variables."""
+
+    async def list_variables(self, prefix: str, namespace: str) -> list[dict[str, Any]]: ...
 
     async def delete_variable(
         self, path: str, namespace: str, *, cas: int | None = None
@@ -33,6 +38,7 @@ class LeaseRecords:
         self._port = port
         self._watcher = watcher
         self.terms = terms
+        self._collected: dict[str, float] = {}  # namespace -> monotonic of the last collection
 
     async def holder(self, key: str, namespace: str) -> LeaseItems | None:
         """Who the lease's items name (None: no lease variable, or none readable)."""
@@ -74,6 +80,34 @@ class LeaseRecords:
         if lock_id is not None:
             await self.give_back(key, namespace, lock_id)
         return lock_id is None
+
+    async def collect_stale(self, namespace: str, defined: Collection[str]) -> None:
+        """Every STALE_SECONDS / 2 per namespace: delete the lease variables of pools no
+        live reconciler defines (`defined`: their keys) that nobody holds and nobody wrote
+        for STALE_SECONDS (the last process to define the pool died with it). Never
+        fails: the next collection tries again."""
+        now = time.monotonic()
+        if now - self._collected.get(namespace, -STALE_SECONDS) < STALE_SECONDS / 2:
+            return
+        self._collected[namespace] = now
+        live = {lease_path(key) for key in defined}
+        try:
+            now_ns = time.time_ns()
+            for meta in await self._port.list_variables(LEASES_PREFIX, namespace):
+                path = str(meta["Path"])
+                age = (now_ns - int(meta.get("ModifyTime", now_ns))) / 1e9
+                if path in live or age < STALE_SECONDS:
+                    continue
+                variable = await self._port.read_variable(path, namespace)
+                if variable is None or variable.get("Lock"):
+                    continue  # a renewal writes nothing: a held lease may look old
+                try:
+                    await self._port.delete_variable(path, namespace, cas=index_of(variable))
+                except NomadConflict:
+                    continue  # taken or written again meanwhile
+                log.info("deleted the lease %s of a pool defined nowhere (%.0f s old)", path, age)
+        except NomadError as error:
+            log.warning("collecting the leases of pools defined nowhere: %s", error)
 
     async def forget(self, key: str, namespace: str) -> None:
         """Delete the lease variable of a pool that is gone from this process, unless a

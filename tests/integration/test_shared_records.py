@@ -15,8 +15,9 @@ import pytest
 
 from controller import service
 from controller.core.balance import weight
-from controller.core.leases import takeover_seconds
+from controller.core.leases import LeaseItems, takeover_seconds
 from controller.core.paths import lease_path
+from controller.core.times import utcnow
 from controller.standalone import Controller
 from tests.support.documents import pool_doc
 from tests.support.waiting import wait_until
@@ -226,3 +227,25 @@ async def test_a_claim_never_hands_out_a_runner_whose_job_went_since_the_last_pa
     handed_out = [body["runnerId"] for status, body in results if status == 201]
     assert handed_out and gone not in handed_out, results
     assert set(handed_out) <= offered - {gone}
+
+
+async def test_the_lease_a_dead_process_left_of_a_pool_defined_nowhere_is_collected(
+    harness: Harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("controller.records.leases.STALE_SECONDS", 1.0)
+    monkeypatch.setattr("controller.engine.reconcile.WHOLE_LISTING_SECONDS", 0.0)
+    # The last process to define `ghost` died with it: its lease stays, free, in Nomad.
+    ghost = lease_path("default/ghost")
+    left = LeaseItems.taken("dead-host/1", "spec", utcnow()).to_items()
+    harness.sim.put_variable("default", ghost, left, None)
+    pools = write_pools(tmp_path / "p.yaml", pool_doc("py", idle=1))
+    controller = await start_as(harness, pools, "host-a/1", monkeypatch)
+    await harness.settled(controller)
+    await asyncio.sleep(1.1)  # the ghost's lease is older than STALE_SECONDS now
+
+    async def collected() -> bool:
+        await controller.engine.reconcile_namespace("default")
+        return ghost not in harness.sim.variables()
+
+    await wait_until(collected, within=5.0, what="the ghost's lease to be deleted")
+    assert harness.sim.variables()[lease_path(KEY)].get("Lock")  # the live one stays

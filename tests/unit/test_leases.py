@@ -78,6 +78,10 @@ class FakeLocks:
         self._check("read", path)
         return {"Path": path, "Items": self.items[path]} if path in self.items else None
 
+    async def list_variables(self, prefix: str, namespace: str) -> list[dict[str, Any]]:
+        self._check("list", prefix)
+        return [{"Path": path} for path in self.items if path.startswith(prefix)]
+
     async def delete_variable(self, path: str, namespace: str, *, cas: int | None = None) -> None:
         self._check("delete", path)
         if path in self.held:  # Nomad deletes no locked variable
