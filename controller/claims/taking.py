@@ -12,7 +12,9 @@ observation began is not handed out until a pass has seen it again (`unsettled`:
 written meanwhile is given back), so a runner whose job went is never handed out from
 an offer older than the event. Only a change Nomad sends no event about (the event stream
 down) can make an offer older than the job: then it is at most the resync period and a
-pass old, and the next pass ends such a claim as lost.
+pass old, and the next pass ends such a claim as lost. Events reach the pool's lease
+holder only: an API replica's offer is the holder's last published one (which leaves such
+runners out), so there an event counts from the holder's next pass and the follow.
 
 A claim that finds nothing waits for the pool's next offer (at most NEXT_OFFER_SECONDS)
 rather than answer PoolEmpty where the offer cannot tell: it lists only some of the

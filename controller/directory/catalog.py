@@ -83,7 +83,9 @@ class CatalogPool:
 
     @property
     def unsettled(self) -> frozenset[str]:
-        return frozenset()  # its holder publishes no offer a pass has not seen
+        # Events reach the holder only: it leaves such runners out of what it publishes,
+        # so a replica's offer is as old as the holder's last pass and the follow.
+        return frozenset()
 
     @property
     def offer(self) -> Offer:

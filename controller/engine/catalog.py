@@ -50,9 +50,11 @@ class CatalogPublisher:
     ) -> CatalogRecord:
         pool = managed.pool
         takes_claims = managed.active and managed.conflict is None
-        # Capped before it is compared with what was written: the record's size cuts it
-        # further when it is written (core/catalog.py).
-        offer = managed.offer.capped(OFFER_LIMIT) if takes_claims else EMPTY
+        # Without the runners whose job changed since the pass observed them (the API
+        # tier hears of no event); capped before it is compared with what was written:
+        # the record's size cuts it further when it is written (core/catalog.py).
+        offered = managed.offer.without(managed.unsettled)
+        offer = offered.capped(OFFER_LIMIT) if takes_claims else EMPTY
         on = {o.node_name for o in (*offer.current, *offer.rest)} | {
             r.allocation.node_name for r in managed.runners if r.allocation is not None
         }
