@@ -45,7 +45,6 @@ from tests.chart.workloads import (
 
 KUBERNETES_VERSION: Final = "1.32"
 
-CRD_FILE: Final = "runnerpools.poolkeeper.dev.yaml"
 PEERING_CRDS: Final = ROOT / "charts" / "poolkeeper" / "crds" / "kopf-peerings.yaml"
 
 
@@ -216,11 +215,6 @@ def test_values_file_matches_its_schema() -> None:
 
 
 # --- the CRDs -----------------------------------------------------------------------------
-
-
-def test_chart_crd_is_identical_to_the_top_level_copy() -> None:
-    top = (ROOT / "crds" / CRD_FILE).read_bytes()
-    assert (CHART / "crds" / CRD_FILE).read_bytes() == top
 
 
 def test_chart_ships_the_crds_kopf_peering_needs() -> None:

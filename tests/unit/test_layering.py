@@ -5,6 +5,9 @@
 - the product never imports the lab (controller.lab: simulator, demo, bench, chaos);
   the CLI names the lab's commands by module path and loads them only when one runs;
 - only controller/operator imports kopf;
+- the CRD writer (controller/crd.py, `make crds`) writes the CRD from the model alone: of
+  the controller it imports controller.model only, and no module of the product imports
+  it (a build step, beside the model it describes, not a part of any front door);
 - the engine and the claim protocol know nothing of the front doors (api, poseidon,
   operator, sources, service, standalone);
 - the claim path (claims, executions, the pool directory, the API and the Poseidon API,
@@ -88,6 +91,7 @@ def violations(package_root: Path) -> list[str]:
                 found.append(f"{module} (product) imports the lab: {imported}")
             if top == "kopf" and not within(module, "controller.operator"):
                 found.append(f"{module} imports kopf outside controller.operator")
+            found += crd_writer_violations(module, imported)
             if within(module, "controller.engine", "controller.claims") and within(
                 imported, *FRONT_DOORS
             ):
@@ -96,6 +100,15 @@ def violations(package_root: Path) -> list[str]:
                 found.append(f"{module} (claim path) imports the engine: {imported}")
             found += poseidon_violations(module, imported)
     return found
+
+
+def crd_writer_violations(module: str, imported: str) -> list[str]:
+    writer = "controller.crd"
+    if within(module, writer) and within(imported, "controller") and imported != "controller.model":
+        return [f"{module} (the CRD writer) imports {imported}: the CRD is the model's alone"]
+    if within(imported, writer) and not within(module, writer):
+        return [f"{module} imports the CRD writer {imported}: it is a build step"]
+    return []
 
 
 # What the Poseidon API may use of the modules it must not reach into.
@@ -215,6 +228,17 @@ def test_the_closure_follows_imports(tmp_path: Path) -> None:
             "import controller.poseidon.app\n",
             "controller.api.bad (the poolkeeper API) imports the Poseidon API: "
             "controller.poseidon.app",
+        ),
+        (
+            "crd.py",
+            "from controller.core.status import PoolStatus\n",
+            "controller.crd (the CRD writer) imports controller.core.status: the CRD is the "
+            "model's alone",
+        ),
+        (
+            "operator/bad.py",
+            "from controller.crd import render\n",
+            "controller.operator.bad imports the CRD writer controller.crd: it is a build step",
         ),
         (
             "claims/bad.py",
