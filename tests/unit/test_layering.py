@@ -4,7 +4,8 @@
   croniter (a cron parser: pure computation, no I/O; docs/architecture.md says why);
 - the product never imports the lab (controller.lab: simulator, demo, bench, chaos);
   the CLI names the lab's commands by module path and loads them only when one runs;
-- only controller/operator imports kopf;
+- only controller/operator imports kopf, and only its public API (no `kopf._*` module or
+  attribute: kopf's internals change without notice, docs/operator.md says why);
 - the CRD writer (controller/crd.py, `make crds`) writes the CRD from the model alone: of
   the controller it imports controller.model only, and no module of the product imports
   it (a build step, beside the model it describes, not a part of any front door);
@@ -91,6 +92,8 @@ def violations(package_root: Path) -> list[str]:
                 found.append(f"{module} (product) imports the lab: {imported}")
             if top == "kopf" and not within(module, "controller.operator"):
                 found.append(f"{module} imports kopf outside controller.operator")
+            if top == "kopf" and any(part.startswith("_") for part in imported.split(".")):
+                found.append(f"{module} imports kopf's internals: {imported}")
             found += crd_writer_violations(module, imported)
             if within(module, "controller.engine", "controller.claims") and within(
                 imported, *FRONT_DOORS
@@ -99,7 +102,20 @@ def violations(package_root: Path) -> list[str]:
             if within(module, *CLAIM_PATH) and within(imported, "controller.engine"):
                 found.append(f"{module} (claim path) imports the engine: {imported}")
             found += poseidon_violations(module, imported)
+        found += [f"{module} uses kopf's internals: kopf.{name}" for name in kopf_internals(path)]
     return found
+
+
+def kopf_internals(path: Path) -> list[str]:
+    """The private names a module reaches through ``kopf.`` (``kopf._core``)."""
+    return [
+        node.attr
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "kopf"
+        and node.attr.startswith("_")
+    ]
 
 
 def crd_writer_violations(module: str, imported: str) -> list[str]:
@@ -200,6 +216,16 @@ def test_the_closure_follows_imports(tmp_path: Path) -> None:
             "api/bad.py",
             "import kopf\n",
             "controller.api.bad imports kopf outside controller.operator",
+        ),
+        (
+            "operator/bad.py",
+            "from kopf._core.engines import daemons\n",
+            "controller.operator.bad imports kopf's internals: kopf._core.engines",
+        ),
+        (
+            "operator/bad.py",
+            "import kopf\nhook = kopf._core\n",
+            "controller.operator.bad uses kopf's internals: kopf._core",
         ),
         (
             "claims/bad.py",
