@@ -20,7 +20,7 @@ import sys
 import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final, Union, get_args, get_origin
+from typing import Annotated, Any, Final, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel
@@ -274,6 +274,8 @@ def _nested_model(annotation: Any) -> type[BaseModel] | None:
     """The model a field holds: itself, optional, or as the items of a list."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
+    if get_origin(annotation) is Annotated:
+        return _nested_model(get_args(annotation)[0])
     if get_origin(annotation) in (Union, types.UnionType, list):
         models = [m for m in map(_nested_model, get_args(annotation)) if m is not None]
         return models[0] if models else None
