@@ -346,7 +346,8 @@ class Serving:
         try:
             await self.environments.refresh()
             if self._members is not None:
-                self.environments.note_keepers((await self._members.live()).environments)
+                membership = await self._members.live(collect=False)
+                self.environments.note_keepers(membership.environments)
         except NomadError as error:
             log.warning("cannot read the Poseidon environments from Nomad: %s", error)
             return False

@@ -81,9 +81,10 @@ class Members:
         await self._port.put_variable(self._path, record.to_items(), self._home, cas=None)
         self._written = True
 
-    async def live(self) -> Membership:
+    async def live(self, *, collect: bool = True) -> Membership:
         """The live members (this one included), as Nomad holds their records now (only
-        changed records are read again)."""
+        changed records are read again); with `collect`, records expired for a minute
+        are deleted (a reader that only reads, the API tier, leaves that to members)."""
         known = await self._records.read()
         now = self._clock()
         membership = Membership({}, {})
@@ -93,7 +94,7 @@ class Members:
                 continue
             if now < record.expires_at:
                 membership.add(record)
-            elif now - record.expires_at > FORGET_AFTER:
+            elif collect and now - record.expires_at > FORGET_AFTER:
                 await delete_unchanged(self._port, path, self._home, hit.index)
         return membership
 

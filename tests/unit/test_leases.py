@@ -449,7 +449,7 @@ class StallingMembers(Members):
     ) -> None:
         pass
 
-    async def live(self) -> Membership:
+    async def live(self, *, collect: bool = True) -> Membership:
         self.readings += 1
         if self.readings == 1:
             await asyncio.Event().wait()
@@ -491,7 +491,7 @@ class FixedMembers(Members):
     ) -> None:
         pass
 
-    async def live(self) -> Membership:
+    async def live(self, *, collect: bool = True) -> Membership:
         return Membership(dict(self.membership.defines), dict(self.membership.holders))
 
 
