@@ -18,10 +18,10 @@ import logging
 import os
 import socket
 
+from controller.core.catalog import ENVIRONMENTS
 from controller.core.readiness import CLAIMS, Readiness
 from controller.logs import start_logging
 from controller.nomad.config import NomadConfig
-from controller.records.doorbell import ENVIRONMENTS
 from controller.serving import (
     Periodic,
     Serving,

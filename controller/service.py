@@ -12,10 +12,11 @@ import functools
 import logging
 import os
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from controller.core.catalog import CLAIMS, ENVIRONMENTS, WAITING
 from controller.core.events import EventSink, PoolEvent
 from controller.core.leases import DEFAULT_TTL_SECONDS, MIN_TTL_SECONDS
 from controller.core.paths import catalog_path
@@ -28,7 +29,6 @@ from controller.errors import UsageError
 from controller.nomad.config import NomadConfig
 from controller.nomad.errors import NomadError
 from controller.nomad.events import EventWatcher
-from controller.records.doorbell import CLAIMS, ENVIRONMENTS, WAITING
 from controller.serving import (
     Periodic,
     Serving,
@@ -180,12 +180,11 @@ class Service:
     def _ring_claims(self, key: str) -> None:
         self.serving.records.doorbell.ring(CLAIMS, key)
 
-    async def _answer_doorbell(self, items: Mapping[str, str]) -> None:
+    async def _answer_doorbell(self, reasons: frozenset[str]) -> None:
         """An API replica rang: look at every namespace now (claims were taken or ended),
         and read what it says changed."""
         for namespace in self.engine.namespaces():
             self.engine.hint_namespace(namespace)
-        reasons = set(items.get("reasons", "").split(","))
         if WAITING in reasons:
             await self._read_waiting()
         if ENVIRONMENTS in reasons and self.environments is not None:

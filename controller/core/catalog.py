@@ -14,7 +14,7 @@ records and their items (their paths are in core/paths.py, their I/O in records/
   replica lives, so a dead replica's requests stop counting.
 - `poolkeeper/doorbell`: rung (written) by an API replica when claims changed (runners
   taken or ended, requests waiting, environments written); reconcilers watch it with a
-  blocking read and look at once instead of at their next resync.
+  blocking read and look at once instead of at their next resync (Ring).
 
 Every item is a string, as Nomad requires; structured ones are JSON. A record that does
 not decode is refused as a whole (CatalogError), never half read.
@@ -221,6 +221,36 @@ def decode_offer(value: Any) -> Offer:
         return tuple(found)
 
     return Offer(offered(value.get("current")), offered(value.get("rest")))
+
+
+# Why the doorbell rang.
+CLAIMS: Final = "claims"  # runners taken or ended: replace or purge them
+WAITING: Final = "waiting"  # requests wait: read the waiting records
+ENVIRONMENTS: Final = "environments"  # Poseidon environments written: read them
+
+
+@dataclass(frozen=True)
+class Ring:
+    """The doorbell as last rung: who rang, when, why, and which pools it concerns (two
+    rings may overwrite each other's, so a reader takes any ring as a reason to look)."""
+
+    by: str
+    at: datetime
+    reasons: frozenset[str]
+    pools: frozenset[str]
+
+    def to_items(self) -> dict[str, str]:
+        return {
+            "by": self.by,
+            "at": format_time(self.at),
+            "reasons": ",".join(sorted(self.reasons)),
+            "pools": ",".join(sorted(self.pools)),
+        }
+
+    @classmethod
+    def reasons_in(cls, items: Mapping[str, Any]) -> frozenset[str]:
+        """The reasons a ring's items give (none where they do not say)."""
+        return frozenset(r for r in str(items.get("reasons") or "").split(",") if r)
 
 
 @dataclass(frozen=True)

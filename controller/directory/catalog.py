@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from controller.core.catalog import CatalogError, CatalogRecord
+from controller.core.catalog import CLAIMS, CatalogError, CatalogRecord
 from controller.core.claims import ClaimState
 from controller.core.offers import Offer
 from controller.core.problems import PoolProblem, Problem
@@ -29,7 +29,6 @@ from controller.core.views import NodeView
 from controller.core.waiting import WaitingClaims
 from controller.directory.view import PoolEntry
 from controller.model import RunnerPool
-from controller.records.doorbell import CLAIMS
 from controller.records.reading import Known
 from controller.records.shared import SharedRecords
 

@@ -19,6 +19,7 @@ from aiohttp import web
 from controller import __version__
 from controller.api.auth import SCOPE_KEY, Handler, Scope, TokenSet, scope
 from controller.claims.service import ClaimRequest
+from controller.core.environments import Environment
 from controller.core.gojson import GoStruct, go_bool, go_int
 from controller.directory.view import PoolEntry
 from controller.errors import ErrorCode as ServiceCode
@@ -48,12 +49,7 @@ from controller.poseidon.wire import (
     bad_request,
     read_struct,
 )
-from controller.sources.environments import (
-    UNKEPT,
-    Environment,
-    EnvironmentInvalid,
-    EnvironmentTaken,
-)
+from controller.sources.environments import UNKEPT, EnvironmentInvalid, EnvironmentTaken
 
 log = logging.getLogger(__name__)
 

@@ -14,6 +14,7 @@ from controller.api.auth import EVERY_POOL, Scope, TokenSet, scope
 from controller.claims.outcomes import ClaimOutcome
 from controller.claims.runners import RunnerClaims
 from controller.claims.service import ClaimService
+from controller.core.environments import Environment
 from controller.directory.view import PoolDirectory, PoolEntry
 from controller.errors import ErrorCode as ServiceCode
 from controller.errors import ServiceError
@@ -21,7 +22,7 @@ from controller.executions.files import FileOperations
 from controller.executions.manager import ExecutionManager
 from controller.poseidon.environments import described, environment_pools
 from controller.poseidon.wire import ErrorCode, PoseidonError, bad_request
-from controller.sources.environments import Environment, EnvironmentStore
+from controller.sources.environments import EnvironmentStore
 
 PREFIX: Final = "/api/v1"
 # Poseidon's texts, which its client may match.

@@ -5,7 +5,7 @@ wait."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Protocol
 
@@ -68,9 +68,7 @@ class SharedRecords:
             environments=environments,
         )
 
-    def doorbell_watch(
-        self, on_ring: Callable[[Mapping[str, str]], Awaitable[None]]
-    ) -> DoorbellWatch:
+    def doorbell_watch(self, on_ring: Callable[[frozenset[str]], Awaitable[None]]) -> DoorbellWatch:
         return DoorbellWatch(self._watcher, self.home, on_ring)
 
     async def close(self) -> None:

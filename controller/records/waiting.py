@@ -17,12 +17,18 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from controller.core.catalog import WAITING_TTL_SECONDS, CatalogError, WaitingRecord, waiting_expiry
+from controller.core.catalog import (
+    WAITING,
+    WAITING_TTL_SECONDS,
+    CatalogError,
+    WaitingRecord,
+    waiting_expiry,
+)
 from controller.core.paths import WAITING_PREFIX, waiting_path
 from controller.core.waiting import WaitingClaims
 from controller.nomad.errors import NomadError
 from controller.nomad.port import Variables
-from controller.records.doorbell import RING_SECONDS, WAITING, Doorbell
+from controller.records.doorbell import RING_SECONDS, Doorbell
 from controller.records.reading import Listing
 from controller.records.writing import delete_unchanged
 

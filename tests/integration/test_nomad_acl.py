@@ -14,6 +14,7 @@ import pytest
 
 from controller.api_tier import ApiTier
 from controller.claims.service import ClaimRequest
+from controller.core.environments import Environment
 from controller.engine import observe
 from controller.lab.simulator import SimServer, Simulator, start_sim
 from controller.metrics import Metrics
@@ -21,7 +22,6 @@ from controller.nomad.config import NomadConfig
 from controller.nomad.errors import NomadError
 from controller.poseidon.context import EnvironmentMode, PoseidonSettings
 from controller.serving import ServingSettings
-from controller.sources.environments import Environment
 from controller.standalone import Controller, Settings
 from tests.support.documents import pool_doc
 from tests.support.waiting import wait_until
