@@ -132,7 +132,11 @@ class Taker:
                 entry
                 for entry in (self.directory.pools.get(e.key) for e in ask.entries)
                 if entry is not None
-                and (entry.more_than_offered or not entry.current or entry.unsettled)
+                and (
+                    entry.more_than_offered
+                    or not entry.current
+                    or entry.unsettled & entry.offer.runner_ids  # held back
+                )
             ]
             if not undecided:
                 return None
