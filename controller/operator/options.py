@@ -9,7 +9,7 @@ import random
 import re
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 import kopf
@@ -105,10 +105,19 @@ def operator_settings(options: OperatorOptions) -> kopf.OperatorSettings:
 
 
 def default_connect(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo | None:
-    """In a pod: the service account; elsewhere: KUBECONFIG or ~/.kube/config."""
-    return kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
-        settings=settings
-    )
+    """In a pod: the service account, at the API server's address the kubelet puts in the
+    pod's environment (KUBERNETES_SERVICE_HOST and _PORT, as client-go's in-cluster
+    configuration: kopf's https://kubernetes.default.svc would need the cluster's DNS);
+    elsewhere: KUBECONFIG or ~/.kube/config."""
+    in_pod = kopf.login_with_service_account(settings=settings)
+    if in_pod is None:
+        return kopf.login_with_kubeconfig(settings=settings)
+    host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
+    port = os.environ.get("KUBERNETES_SERVICE_PORT", "")
+    if not (host and port):
+        return in_pod
+    address = f"[{host}]" if ":" in host else host
+    return replace(in_pod, server=f"https://{address}:{port}")
 
 
 class HandlerSuccessAtDebug(logging.Filter):
