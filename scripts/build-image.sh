@@ -7,9 +7,10 @@
 # build is a no-op while none of it changed. The image is tagged <repository>:<version> too.
 #
 # The base: $POOLKEEPER_IMAGE_BASE if set; else the Dockerfile's own (the public Python
-# image) if it is here or can be pulled; else a Debian bookworm base with Python 3.11 that
-# this script makes with debootstrap from the machine's apt mirror (about 2 minutes, once:
-# it is kept as localhost/poolkeeper-base:bookworm-<hash of its recipe>).
+# image) if it is here; else the one this script made earlier; else the public one if it
+# can be pulled; else a Debian bookworm base with Python 3.11 that this script makes with
+# debootstrap from the machine's apt mirror (2 to 5 minutes, once: it is kept as
+# localhost/poolkeeper-base:bookworm-<hash of its recipe>).
 #
 # Usage: scripts/build-image.sh [--force]
 # Environment: POOLKEEPER_IMAGE (repository, default localhost/poolkeeper),
@@ -117,13 +118,16 @@ make_base() {
 
 if [[ -n ${POOLKEEPER_IMAGE_BASE:-} ]]; then
   base=$POOLKEEPER_IMAGE_BASE
-elif podman_ image exists "$public_base" \
-  || timeout 120 "${podman[@]}" pull -q "$public_base" >"$work/pull.log" 2>&1; then
+elif podman_ image exists "$public_base"; then
+  base=$public_base
+elif podman_ image exists "$made_base"; then
+  base=$made_base
+elif timeout 120 "${podman[@]}" pull -q "$public_base" >"$work/pull.log" 2>&1; then
   base=$public_base
 else
-  say "cannot pull $public_base ($(tail -n 1 "$work/pull.log")); using a base made here"
+  say "cannot pull $public_base ($(tail -n 1 "$work/pull.log")); making a base here"
   base=$made_base
-  podman_ image exists "$base" || make_base
+  make_base
 fi
 base_id=$(podman_ image inspect --format '{{.Id}}' "$base")
 
