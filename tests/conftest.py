@@ -132,6 +132,8 @@ def kube_node(
         node.load_image(poolkeeper_image)
         node.forget_other_images()
         yield node
+    # The machine is shared: the node's stop leaves nothing of it behind.
+    assert node.leftovers() == []
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -151,7 +151,8 @@ class KubeNode:
     address: str = NODE_ADDRESS
     timings: NodeTimings = field(default_factory=NodeTimings)
     _processes: list[Process] = field(default_factory=list, repr=False)
-    _sysctls: dict[str, str] = field(default_factory=dict, repr=False)
+    _sysctls: dict[str, str] = field(default_factory=dict, repr=False)  # to put back
+    _sysctls_before: dict[str, str] = field(default_factory=dict, repr=False)
     _lock: IO[bytes] | None = field(default=None, repr=False)
     _loaded: set[str] = field(default_factory=set, repr=False)
 
@@ -235,6 +236,22 @@ class KubeNode:
                 self._lock.close()
                 self._lock = None
 
+    def leftovers(self) -> list[str]:
+        """After ``stop()``: what the node left on this machine (nothing, it should be): a
+        process, shim, mount, interface, iptables chain or kernel setting."""
+        found = [f"process {p.name}" for p in self._processes if p.alive()]
+        found += [f"shim {pid}" for pid in _shims()]
+        found += [f"mount {m}" for m in _mounts(NODE_ROOT / "kubelet") + _mounts(NODE_RUN)]
+        if _run("ip", "link", "show", BRIDGE).returncode == 0:
+            found.append(f"interface {BRIDGE}")
+        found += [f"iptables chain {chain}" for chain in _kube_chains()]
+        found += [
+            f"sysctl {name}: {_read_sysctl(name)}, was {value}"
+            for name, value in self._sysctls_before.items()
+            if _read_sysctl(name) != value
+        ]
+        return found
+
     def __enter__(self) -> KubeNode:
         return self
 
@@ -269,7 +286,7 @@ def start_node(
         _run("ip", "link", "delete", BRIDGE)
         lock.close()
         raise
-    node = KubeNode(cluster, work, _sysctls=sysctls, _lock=lock)
+    node = KubeNode(cluster, work, _sysctls=sysctls, _sysctls_before=dict(sysctls), _lock=lock)
     atexit.register(node.stop)
     try:
         node.timings.cluster = cluster.timings.total
@@ -679,19 +696,20 @@ def _reset_runtime() -> None:
 
 def _clear_host(*, keep_bridge: bool = False) -> None:
     """What a node's pods leave on this machine once their runtime is stopped, gone: mounts
-    under its folders, the kubelet's folder, kube-proxy's iptables rules, the bridge (unless
-    kept). A no-op when there is none."""
+    under its folders, the kubelet's folder, kube-proxy's and the kubelet's iptables rules,
+    the bridge (unless kept). A no-op when there is none."""
     for folder in (NODE_ROOT / "kubelet", NODE_RUN):
         _unmount_under(folder)
     shutil.rmtree(NODE_ROOT / "kubelet", ignore_errors=True)
     _run(str(bin_dir() / "kube-proxy"), "--cleanup")
+    _clear_kubelet_rules()
     if not keep_bridge:
         _run("ip", "link", "delete", BRIDGE)
 
 
-def _kill_shims() -> None:
-    """containerd's shims outlive it: any left of the node's containerd (their command line
-    names its socket) once its pods are removed are killed."""
+def _shims() -> list[int]:
+    """The pids of the node's containerd's shims (their command line names its socket)."""
+    found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -700,16 +718,61 @@ def _kill_shims() -> None:
         except OSError:
             continue
         if b"containerd-shim" in cmdline[0] and _socket().encode() in cmdline:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(entry.name), 9)
+            found.append(int(entry.name))
+    return found
+
+
+def _kill_shims() -> None:
+    """containerd's shims outlive it: any left once the node's pods are removed go."""
+    for pid in _shims():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
+
+
+def _mounts(folder: Path) -> list[str]:
+    """The mount points at ``folder`` (the kubelet mounts its folder on itself) or under it."""
+    with open("/proc/self/mounts") as mounts:
+        points = [line.split()[1] for line in mounts]
+    return [p for p in points if p == str(folder) or p.startswith(f"{folder}/")]
 
 
 def _unmount_under(folder: Path) -> None:
-    prefix = str(folder) + "/"
-    with open("/proc/self/mounts") as mounts:
-        points = [line.split()[1] for line in mounts if line.split()[1].startswith(prefix)]
-    for point in sorted(points, reverse=True):
+    for point in sorted(_mounts(folder), reverse=True):
         _run("umount", "--lazy", point)
+
+
+# The kubelet's own iptables chains (beside kube-proxy's, which `kube-proxy --cleanup`
+# removes): (table, chain), and the built-in chains that jump to one.
+KUBELET_CHAINS: Final = (
+    ("filter", "KUBE-FIREWALL"),
+    ("filter", "KUBE-KUBELET-CANARY"),
+    ("nat", "KUBE-KUBELET-CANARY"),
+    ("mangle", "KUBE-KUBELET-CANARY"),
+    ("mangle", "KUBE-IPTABLES-HINT"),
+)
+KUBELET_JUMPS: Final = (("filter", "INPUT", "KUBE-FIREWALL"), ("filter", "OUTPUT", "KUBE-FIREWALL"))
+IPTABLES: Final = ("iptables", "ip6tables")
+
+
+def _clear_kubelet_rules() -> None:
+    for command in IPTABLES:
+        for table, chain, target in KUBELET_JUMPS:
+            while _run(command, "-t", table, "-D", chain, "-j", target).returncode == 0:
+                pass
+        for table, chain in KUBELET_CHAINS:
+            _run(command, "-t", table, "-F", chain)
+            _run(command, "-t", table, "-X", chain)
+
+
+def _kube_chains() -> list[str]:
+    """The KUBE-* iptables chains of this machine, "command table chain"."""
+    found = []
+    for command in IPTABLES:
+        for table in ("filter", "nat", "mangle"):
+            for rule in _run(command, "-t", table, "-S").stdout.splitlines():
+                if rule.startswith("-N KUBE-"):
+                    found.append(f"{command} {table} {rule.split()[1]}")
+    return found
 
 
 def _read_sysctl(name: str) -> str:
