@@ -8,7 +8,8 @@ reach at the node's address. What a user's first ``helm install`` does, step by 
    token and the API pods with none;
 2. a RunnerPool applied with kubectl is filled in Nomad, its status written by a pod;
 3. claims, an execution and a release through the API Service, which the test reaches as
-   any client in the cluster would: its ClusterIP, through kube-proxy's rules;
+   any client in the cluster would: its ClusterIP, through kube-proxy's rules; a changed
+   API token Secret taken by the pods without a restart;
 4. an API pod deleted during a stream of claims: no claim lost beyond those in flight;
 5. ``helm upgrade`` to a new image tag: the pods roll one by one, the PDBs never broken,
    claims streaming meanwhile and none lost;
@@ -70,6 +71,7 @@ class Release:
     service_url: str = ""  # the API Service's ClusterIP
     helm_args: tuple[str, ...] = ()
     workdir: Path = Path()
+    token: str = TOKEN  # the API token the clients present
 
     # --- Kubernetes ----------------------------------------------------------------------
 
@@ -101,7 +103,7 @@ class Release:
     # --- the API, through its Service ----------------------------------------------------
 
     def api(self, method: str, path: str, body: Any = None, timeout: float = 30.0) -> Any:
-        status, answer = _call(self.service_url, method, path, body, timeout)
+        status, answer = _call(self.service_url, self.token, method, path, body, timeout)
         assert 200 <= status < 300, f"{method} {path}: {status} {answer}"
         return answer
 
@@ -137,10 +139,12 @@ def _ready(pod: dict[str, Any]) -> bool:
     )
 
 
-def _call(base: str, method: str, path: str, body: Any, timeout: float) -> tuple[int, Any]:
+def _call(
+    base: str, token: str, method: str, path: str, body: Any, timeout: float
+) -> tuple[int, Any]:
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(base + path, data=data, method=method)
-    request.add_header("Authorization", f"Bearer {TOKEN}")
+    request.add_header("Authorization", f"Bearer {token}")
     if data is not None:
         request.add_header("Content-Type", "application/json")
     try:
@@ -192,6 +196,7 @@ class ClaimStream:
             try:
                 status, answer = _call(
                     self.release.service_url,
+                    self.release.token,
                     "POST",
                     f"/v1/pools/{NAMESPACE}/{POOL}/claims",
                     {"inactivityTimeoutSeconds": 900},
@@ -336,7 +341,7 @@ def test_pods_run_the_image_and_are_ready_through_their_probes(release: Release)
     # The Service's endpoints are the API pods, reached through kube-proxy at its ClusterIP.
     service = release.get(f"/api/v1/namespaces/{NAMESPACE}/services/{RELEASE}")
     release.service_url = f"http://{service['spec']['clusterIP']}:8080"
-    status, ready = _call(release.service_url, "GET", "/readyz", None, 10)
+    status, ready = _call(release.service_url, release.token, "GET", "/readyz", None, 10)
     assert status == 200 and ready["status"] == "ready", ready
 
 
@@ -375,6 +380,38 @@ def test_claims_an_execution_and_a_release_through_the_service(release: Release)
     assert executed["exitCode"] == 0 and executed["stdout"] == "from-a-pod\n", executed
     release.api("DELETE", f"/v1/runners/{runner}")
     assert release.claims_in_nomad()[runner] == "released"
+
+
+def test_a_changed_token_secret_is_read_again_by_the_pods(release: Release) -> None:
+    """The kubelet updates a Secret's volume by swapping a symlink (..data), not by writing
+    the file: the pods take the new token and refuse the old one, without a restart."""
+    new = "node-test-token-rotated"
+    rotated = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "poolkeeper-api-tokens", "namespace": NAMESPACE},
+        "stringData": {"tokens": f"{new}\n"},
+    }
+    release.node.cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(rotated))
+
+    def answers(token: str) -> int:
+        request = urllib.request.Request(release.service_url + "/v1/pools")
+        request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as error:
+            return error.code
+
+    def every_pod_rotated() -> bool:  # a few tries: the Service picks a pod per connection
+        return all(answers(new) == 200 and answers(TOKEN) == 401 for _ in range(6))
+
+    wait(every_pod_rotated, 120, "the new token taken and the old one refused")
+    restarts = [
+        s["restartCount"] for p in release.pods(API) for s in p["status"]["containerStatuses"]
+    ]
+    assert restarts == [0, 0]
+    release.token = new
 
 
 def test_an_api_pod_deleted_during_a_stream_of_claims_loses_none(release: Release) -> None:
