@@ -165,6 +165,13 @@ then
   cat "$work/build.log" >&2
   die "podman build failed after $((SECONDS - build_started)) s"
 fi
+# Builds of other sources pile up in the store: those a day old go, and the untagged
+# stages of earlier builds (the current build's stages stay cached until then).
+for old in $(podman_ images --filter "reference=$repository" --filter until=24h \
+  --format '{{.Repository}}:{{.Tag}}'); do
+  [[ $old == "$image" || $old == "$repository:$version" ]] || podman_ rmi "$old" >/dev/null || true
+done
+podman_ image prune --force --filter until=24h >/dev/null || true
 size=$(podman_ image inspect --format '{{.Size}}' "$image")
 say "built $image ($((size / 1000000)) MB) in $((SECONDS - build_started)) s" \
   "($((SECONDS - started)) s with its base)"

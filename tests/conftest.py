@@ -117,13 +117,14 @@ def poolkeeper_image(pytestconfig: pytest.Config) -> str:
     return reference
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def kube_node(
     kube_bin_dir: Path, poolkeeper_image: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[KubeNode]:
     """A cluster of its own with one real node (kubelet, containerd, kube-proxy, the
     controllers) that has the poolkeeper image; its API server listens on the node's
-    address, which the host's servers may use too (``node.address``)."""
+    address, which the host's servers may use too (``node.address``). A module's own: it
+    stops (one node at a time on a machine) once the module's tests are done."""
     reason = kube_node_lab.unavailable()
     if reason:
         _unavailable(reason, REQUIRE_NODE)
