@@ -149,11 +149,12 @@ if [[ $force == 0 ]] && podman_ image exists "$image"; then
   exit 0
 fi
 
-# Where pip must trust a CA of this machine's own (a TLS-inspecting proxy to PyPI), the
-# build stage trusts it too, mounted for its RUN steps only: no layer keeps it.
+# pip in the build stage trusts what this machine trusts ($PIP_CERT, else the system's CA
+# bundle), which may hold a CA of its own (a TLS-inspecting proxy to PyPI, say); the bundle
+# is mounted for the RUN steps only: no layer keeps it.
 pip_trust=()
-pip_cert=${PIP_CERT:-$(pip3 config get global.cert 2>/dev/null || true)}
-if [[ -n $pip_cert && -f $pip_cert ]]; then
+pip_cert=${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}
+if [[ -f $pip_cert ]]; then
   pip_trust=(--volume "$pip_cert:/run/pip-ca.crt:ro" --build-arg PIP_CERT=/run/pip-ca.crt)
 fi
 
