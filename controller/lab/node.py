@@ -670,6 +670,7 @@ def _make_bridge() -> None:
     """The pods' bridge with the node's address (the CNI plugin finds it and keeps it), and
     the route that keeps Service addresses on it (kube-proxy's rules translate them)."""
     prefix = POD_CIDR.split("/")[1]
+    _run("ip", "link", "delete", BRIDGE)  # a killed run's (this one holds the lock)
     for argv in (
         ("ip", "link", "add", BRIDGE, "type", "bridge"),
         ("ip", "address", "add", f"{NODE_ADDRESS}/{prefix}", "dev", BRIDGE),
@@ -677,7 +678,7 @@ def _make_bridge() -> None:
         ("ip", "route", "add", SERVICE_CIDR, "dev", BRIDGE),
     ):
         result = _run(*argv)
-        if result.returncode != 0 and "File exists" not in result.stderr:
+        if result.returncode != 0:
             raise NodeError(f"{' '.join(argv)}: {result.stderr}")
 
 

@@ -8,8 +8,8 @@ reach at the node's address. What a user's first ``helm install`` does, step by 
    token and the API pods with none;
 2. a RunnerPool applied with kubectl is filled in Nomad, its status written by a pod;
 3. claims, an execution and a release through the API Service, which the test reaches as
-   any client in the cluster would: its ClusterIP, through kube-proxy's rules; a changed
-   API token Secret taken by the pods without a restart;
+   any client in the cluster would: its ClusterIP, through kube-proxy's rules; the NOTES'
+   port-forward too; a changed API token Secret taken by the pods without a restart;
 4. an API pod deleted during a stream of claims: no claim lost beyond those in flight;
 5. ``helm upgrade`` to a new image tag: the pods roll one by one, the PDBs never broken,
    claims streaming meanwhile and none lost;
@@ -380,6 +380,28 @@ def test_claims_an_execution_and_a_release_through_the_service(release: Release)
     assert executed["exitCode"] == 0 and executed["stdout"] == "from-a-pod\n", executed
     release.api("DELETE", f"/v1/runners/{runner}")
     assert release.claims_in_nomad()[runner] == "released"
+
+
+def test_the_notes_port_forward_reaches_the_api(release: Release) -> None:
+    """The NOTES' way in: `kubectl -n poolkeeper port-forward svc/poolkeeper 8080:8080`
+    (the API server, then the kubelet, then the pod's network namespace)."""
+    port = free_port()
+    forward = subprocess.Popen(
+        [
+            str(release.node.cluster.bin_dir / "kubectl"),
+            "--kubeconfig", str(release.node.cluster.admin_kubeconfig),
+            "-n", NAMESPACE, "port-forward", f"svc/{RELEASE}", f"{port}:8080",
+        ],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        assert forward.stdout is not None
+        assert forward.stdout.readline().startswith("Forwarding from 127.0.0.1:")
+        status, ready = _call(f"http://127.0.0.1:{port}", release.token, "GET", "/readyz", None, 10)
+        assert status == 200 and ready["status"] == "ready", ready
+    finally:
+        forward.terminate()
+        forward.wait(timeout=30)
 
 
 def test_a_changed_token_secret_is_read_again_by_the_pods(release: Release) -> None:
