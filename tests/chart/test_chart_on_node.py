@@ -26,6 +26,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import json
+import select
 import subprocess
 import sys
 import threading
@@ -396,6 +397,8 @@ def test_the_notes_port_forward_reaches_the_api(release: Release) -> None:
     )  # fmt: skip
     try:
         assert forward.stdout is not None
+        readable, _, _ = select.select([forward.stdout], [], [], 60)
+        assert readable, "kubectl port-forward said nothing in 60 s"
         assert forward.stdout.readline().startswith("Forwarding from 127.0.0.1:")
         status, ready = _call(f"http://127.0.0.1:{port}", release.token, "GET", "/readyz", None, 10)
         assert status == 200 and ready["status"] == "ready", ready
