@@ -4,6 +4,7 @@ The binaries come from ``scripts/build-kube.sh`` (``tools/kube``: etcd, kube-api
 kubectl built from their Go modules into ``.cache/kube/bin``). The cluster has no
 controller-manager, scheduler or kubelet: objects are stored and served, nothing reconciles
 them (no pod ever runs, no namespace is finalized, no default ServiceAccount appears).
+``controller.lab.node`` adds them: a cluster with a real node.
 
 What it sets up, all made by the test in a temporary folder:
 
