@@ -503,6 +503,9 @@ def test_a_drain_of_the_node_is_held_by_the_pdbs(release: Release) -> None:
     counts = stream.settle()
     print(f"kubectl drain: fewest ready {watch.fewest_ready}; claims {counts}")
     assert counts["unanswered"] == 0
+    # The evicted operator pod handed its leases over: the one left reconciles the pool.
+    wait(lambda: release.pool()["status"]["reconciledBy"] in release.ready_pods(OPERATOR),
+         60, "the pool reconciled by the operator pod left")  # fmt: skip
     release.kubectl("uncordon", release.node.name)
     for tier, selector in TIERS.items():
         wait(_exactly_two(release, selector), 120, f"2 {tier} pods ready")
