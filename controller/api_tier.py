@@ -22,6 +22,7 @@ from controller.core.catalog import ENVIRONMENTS
 from controller.core.readiness import CLAIMS, Readiness
 from controller.logs import start_logging
 from controller.nomad.config import NomadConfig
+from controller.records.replicas import BEAT_SECONDS
 from controller.serving import (
     Periodic,
     Serving,
@@ -35,16 +36,28 @@ log = logging.getLogger(__name__)
 
 
 class ApiTier:
-    def __init__(self, settings: ServingSettings, nomad: NomadConfig) -> None:
+    def __init__(
+        self, settings: ServingSettings, nomad: NomadConfig, identity: str | None = None
+    ) -> None:
+        """`identity`: who this replica is to the others (by default its `host/pid`)."""
         self.settings = settings
-        identity = f"{socket.gethostname()}/{os.getpid()}"
+        identity = identity or f"{socket.gethostname()}/{os.getpid()}"
         self.serving = Serving(settings, nomad, identity, api_tier=True)
         self.metrics, self.sessions = self.serving.metrics, self.serving.sessions
         self.directory = self.serving.catalog
         doorbell = self.serving.records.doorbell
+        # The live replicas split the pools' offers: each claims from its own slice first.
+        self.replicas = self.serving.records.replicas()
+        self._replica_beat = Periodic(
+            "replica record", lambda: BEAT_SECONDS, self.replicas.beat, at_once=True
+        )
+        self.metrics.api_replicas.set_function(lambda: len(self.replicas.claimers.replicas))
         # The reconcilers register the environments' pools: told to read them at once.
         self.api = self.serving.serve_over(
-            self.directory, None, on_written=lambda: doorbell.ring(ENVIRONMENTS)
+            self.directory,
+            None,
+            on_written=lambda: doorbell.ring(ENVIRONMENTS),
+            claimers=lambda: self.replicas.claimers,
         )
         self.environments = self.serving.environments
         self.executions = self.api.executions
@@ -65,6 +78,7 @@ class ApiTier:
 
     async def start(self) -> str:
         self.directory.start()
+        self._replica_beat.start()
         url = await self.api.serve(self.readiness)
         if self.environments is not None:
             self._environment_refresh.start()
@@ -73,6 +87,7 @@ class ApiTier:
     async def stop(self) -> None:
         """Stop serving; claims and runners stay in Nomad."""
         await self._environment_refresh.stop()
+        await self._replica_beat.stop()  # its record goes with the shared records
         await self.directory.stop()
         await self.api.close()
         await self.serving.close()

@@ -39,6 +39,17 @@ class Metrics:
         self.claims_total = Counter(
             "poolkeeper_claims", "Claim requests by pool and result", ["pool", "result"], registry=r
         )
+        self.claim_conflicts = Counter(
+            "poolkeeper_claim_conflicts",
+            "Claim check-and-sets lost to another claimer (the runner is dropped, another tried)",
+            ["pool"],
+            registry=r,
+        )
+        self.api_replicas = Gauge(
+            "poolkeeper_api_replicas",
+            "Live API replicas as this one last read their records (they split the offers)",
+            registry=r,
+        )
         self.claim_duration = Histogram(
             "poolkeeper_claim_duration_seconds",
             "Duration of a claim request",

@@ -34,6 +34,7 @@ from controller.api.openapi import extended
 from controller.api.routes import OPENAPI_KEY
 from controller.claims.runners import RunnerClaims
 from controller.claims.service import ClaimService
+from controller.core.handout import RANDOM, Claimers
 from controller.core.leases import DEFAULT_TTL_SECONDS
 from controller.core.readiness import Readiness
 from controller.core.times import utcnow
@@ -322,9 +323,11 @@ class Serving:
         *,
         active: Callable[[], bool] = lambda: True,
         on_written: Callable[[], None] = lambda: None,
+        claimers: Callable[[], Claimers] = lambda: RANDOM,
     ) -> ApiServer:
         """The managed environments (registered with `registrar`, when this process
-        reconciles) and the listener over `directory`."""
+        reconciles) and the listener over `directory`; `claimers`: the live API replicas
+        whose slices of the offers claims take from (an API replica's)."""
         if self.manages_environments:
             template = environment_template(self.settings.poseidon.environment_template)
             self.environments = EnvironmentStore(
@@ -337,6 +340,7 @@ class Serving:
             self.records.claims,
             self.metrics,
             self.environments,
+            claimers,
         )
 
     async def refresh_environments(self) -> bool:
@@ -370,12 +374,13 @@ class ApiServer:
         store: ClaimStore,
         metrics: Metrics,
         environments: EnvironmentStore | None,
+        claimers: Callable[[], Claimers] = lambda: RANDOM,
     ) -> None:
         self.settings = settings
         self.directory = directory
         self.metrics = metrics
         self.environments = environments
-        self.claims = ClaimService(directory, store, metrics)
+        self.claims = ClaimService(directory, store, metrics, claimers=claimers)
         self.runners = RunnerClaims(directory, store, metrics)
         self.executions = ExecutionManager(
             directory, self.runners, sessions.client, sessions.exec, metrics

@@ -46,6 +46,11 @@ namespace "default" {
     path "poolkeeper/waiting/*" {
       capabilities = ["write", "destroy"]
     }
+    # The live replicas' records: this one's written (deleted when it stops), the others'
+    # listed and read (one expired for a minute deleted), to split the pools' offers.
+    path "poolkeeper/replicas/*" {
+      capabilities = ["read", "list", "write", "destroy"]
+    }
     # --poseidon-environments managed only: PUT and DELETE of execution environments;
     # and the reconcilers' member records, read to know whether any runs them.
     path "poolkeeper/environments/*" {

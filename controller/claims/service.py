@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from controller.claims.outcomes import ClaimOutcome, pool_label
@@ -19,6 +19,7 @@ from controller.claims.requests import RequestIds
 from controller.claims.runners import unavailable
 from controller.claims.taking import Ask, Taker
 from controller.core.claims import ClaimRecord
+from controller.core.handout import RANDOM, Claimers
 from controller.directory.view import PoolDirectory, PoolEntry
 from controller.errors import ErrorCode, ServiceError
 from controller.metrics import Metrics
@@ -52,10 +53,12 @@ class ClaimService:
         metrics: Metrics,
         *,
         rng: random.Random | None = None,
+        claimers: Callable[[], Claimers] = lambda: RANDOM,
     ) -> None:
+        """`claimers`: this process and the live API replicas (controller/claims/taking.py)."""
         self.directory = directory
         self.metrics = metrics
-        self.taker = Taker(directory, store, rng)
+        self.taker = Taker(directory, store, metrics, rng, claimers)
         self.request_ids = RequestIds(self.taker, store)
 
     async def claim(self, namespace: str, name: str, request: ClaimRequest) -> Claimed:

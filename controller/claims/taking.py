@@ -1,10 +1,12 @@
 """Taking idle runners: one, or a batch of one pool (all or nothing), from the first pool
 of a list that has them, waiting for runners when the request allows it.
 
-Runners are tried in the pool's offer order (current template first), at random within
-each group, so concurrent claimers (and replicas) spread over different runners. A runner
-this process claimed is not tried again while the pool's offer still lists it (the offer
-was made before the claim).
+Runners are handed out by one `Handout` per pool (core/handout.py): in the offer's order
+(current template first), each runner once, so concurrent claims of this process never
+try one runner twice, and a runner whose check-and-set was lost is dropped, never tried
+again while the offer lists it. An API replica takes from its own slice of the offer
+first (the live replicas split it by rendezvous hashing), so replicas claim different
+runners until a slice is empty; a process outside the replicas takes at random.
 
 How stale an offer may be: it is what the pool's last pass observed, so it is at most one
 pass old; a runner whose job Nomad reported changed (an event) after that pass's
@@ -29,15 +31,17 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 from controller.core.claims import ClaimRecord
 from controller.core.demand import start_items
+from controller.core.handout import RANDOM, Claimers, Handout
 from controller.core.offers import Offered
 from controller.directory.view import PoolDirectory, PoolEntry
 from controller.errors import ErrorCode, ServiceError
+from controller.metrics import Metrics
 from controller.nomad.errors import NomadError
 from controller.records.claims import ClaimStore
 
@@ -64,13 +68,21 @@ class Ask:
 
 class Taker:
     def __init__(
-        self, directory: PoolDirectory, store: ClaimStore, rng: random.Random | None = None
+        self,
+        directory: PoolDirectory,
+        store: ClaimStore,
+        metrics: Metrics,
+        rng: random.Random | None = None,
+        claimers: Callable[[], Claimers] = lambda: RANDOM,
     ) -> None:
+        """`claimers`: this process and the live API replicas, whose slices of the
+        offers it takes from (core/handout.py)."""
         self.directory = directory
         self.store = store
+        self.metrics = metrics
         self.rng = rng or random.Random()
-        # Per pool: runners this process claimed that its offer may still list.
-        self._taken: dict[str, set[str]] = {}
+        self.claimers = claimers
+        self._handouts: dict[str, Handout] = {}  # by pool key
 
     async def take(self, ask: Ask, request_id: str | None) -> list[ClaimRecord]:
         """The runners asked for, of the first pool that has them, waiting (at most
@@ -164,18 +176,20 @@ class Taker:
     ) -> list[ClaimRecord]:
         """`count` runners of one pool, or none: runners taken before the pool ran out are
         given back at once (their claims deleted again, so they are idle again)."""
-        if len(entry.offer) < count:
+        if len(self._handout(entry)) < count:
             return []  # cannot succeed: take nothing rather than take and give back
         taken: list[ClaimRecord] = []
         # A batch is claimed at one moment: the demand estimate takes it for one arrival
         # of `count` claims, not for claims a few milliseconds apart (core/demand.py).
         claimed_at = self.directory.clock()
         try:
-            for offered in self._candidates(entry):
+            while (offered := self._handout(entry).take(entry.unsettled)) is not None:
                 record = await self._try_claim(entry, offered, inactivity, request_id, claimed_at)
-                if record is not None and record.runner_id in entry.unsettled:
+                if record is None:  # another claimer (or a scale-down) won this runner
+                    self.metrics.claim_conflicts.labels(pool=entry.key).inc()
+                elif record.runner_id in entry.unsettled:
                     await self._give_back(entry, [record])  # its job changed meanwhile
-                elif record is not None:
+                else:
                     taken.append(record)
                     if len(taken) == count:
                         return taken
@@ -185,41 +199,27 @@ class Taker:
         await self._give_back(entry, taken)
         return []
 
+    def _handout(self, entry: PoolEntry) -> Handout:
+        """The pool's handout, made of its offer as the directory holds it now."""
+        handout = self._handouts.get(entry.key)
+        if handout is None:
+            handout = self._handouts[entry.key] = Handout(self.rng)
+        latest = self.directory.pools.get(entry.key, entry)
+        handout.refresh(latest.offer, self.claimers())
+        return handout
+
     async def _give_back(self, entry: PoolEntry, records: Sequence[ClaimRecord]) -> None:
         """Delete claims this process wrote and never handed out (check-and-set), so the
         runners are idle again and offered again."""
-        taken = self._taken.get(entry.key, set())
         for record in records:
             try:
                 if await self.store.withdraw(record):
-                    taken.discard(record.runner_id)
+                    self._handout(entry).give_back(record.runner_id)
                     continue
                 log.warning("claim %s changed before it could be given back", record.path)
             except NomadError as error:
                 # The claim stays until its inactivity timeout ends it.
                 log.warning("could not give back claim %s: %s", record.path, error)
-
-    def _candidates(self, entry: PoolEntry) -> Iterator[Offered]:
-        """The offer's runners (current template first, then the rest) in random order,
-        skipping those this process claimed while the offer still lists them.
-
-        The order is drawn lazily (a Fisher-Yates shuffle that stops where the caller
-        stops, keeping its swaps in a dict instead of copying the offer) and `taken` is
-        checked as each runner comes up, so a claim costs what it tries rather than the
-        size of the pool, and a runner a concurrent claimer took meanwhile is skipped
-        instead of costing a lost check-and-set."""
-        offer, unsettled = entry.offer, entry.unsettled
-        taken = self._taken.setdefault(entry.key, set())
-        taken &= offer.runner_ids  # an offer made after the claim no longer lists it
-        for group in (offer.current, offer.rest):
-            swapped: dict[int, int] = {}
-            for i in range(len(group)):
-                j = i + self.rng.randrange(len(group) - i)
-                chosen = swapped.get(j, j)
-                swapped[j] = swapped.get(i, i)
-                offered = group[chosen]
-                if offered.runner_id not in taken and offered.runner_id not in unsettled:
-                    yield offered
 
     async def _try_claim(
         self,
@@ -229,7 +229,6 @@ class Taker:
         request_id: str | None,
         claimed_at: datetime,
     ) -> ClaimRecord | None:
-        self._taken.setdefault(entry.key, set()).add(offered.runner_id)
         record = ClaimRecord.new(
             runner_id=offered.runner_id,
             namespace=entry.namespace,

@@ -19,6 +19,7 @@ LEASES_PREFIX: Final = "poolkeeper/leases/"  # + pool segment: who reconciles th
 CATALOG_PREFIX: Final = "poolkeeper/catalog/"  # + pool segment: a pool for the API tier
 MEMBERS_PREFIX: Final = "poolkeeper/members/"  # + replica: a live reconciler
 WAITING_PREFIX: Final = "poolkeeper/waiting/"  # + replica: an API replica's waiting claims
+REPLICAS_PREFIX: Final = "poolkeeper/replicas/"  # + replica: a live API replica
 DOORBELL_PATH: Final = "poolkeeper/doorbell"  # rung by API replicas
 DRAINS_PREFIX: Final = "poolkeeper/pools/"  # + pool key with `.` as `~`: a removal
 ENVIRONMENTS_PREFIX: Final = "poolkeeper/environments/"  # + ID: a managed environment
@@ -55,6 +56,10 @@ def member_path(replica: str) -> str:
 
 def waiting_path(replica: str) -> str:
     return WAITING_PREFIX + replica
+
+
+def replica_path(replica: str) -> str:
+    return REPLICAS_PREFIX + replica
 
 
 def drain_path(key: str) -> str:

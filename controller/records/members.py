@@ -25,10 +25,9 @@ from typing import Any, Final
 
 from controller.core.members import MemberRecord, Membership
 from controller.core.paths import MEMBERS_PREFIX, member_path, replica_segment
-from controller.nomad.errors import NomadError
 from controller.nomad.port import Variables
 from controller.records.reading import Listing
-from controller.records.writing import delete_unchanged
+from controller.records.writing import OwnRecord, delete_unchanged
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +55,12 @@ class Members:
         self._home = home_namespace
         self.identity = identity
         self.environments = environments
-        self._path = member_path(replica_segment(identity))
+        self._own = OwnRecord(
+            port, member_path(replica_segment(identity)), home_namespace, "this member's record"
+        )
         self._ttl = timedelta(seconds=ttl_seconds)
         self._clock = clock
         self._records = Listing(port, MEMBERS_PREFIX, home_namespace, _decode)
-        self._written = False
 
     async def beat(
         self, pools: Collection[str], holds: Collection[str], lapsed: Collection[str] = ()
@@ -78,8 +78,7 @@ class Members:
             frozenset(lapsed),
             self.environments,
         )
-        await self._port.put_variable(self._path, record.to_items(), self._home, cas=None)
-        self._written = True
+        await self._own.write(record.to_items())
 
     async def live(self, *, collect: bool = True) -> Membership:
         """The live members (this one included), as Nomad holds their records now (only
@@ -100,10 +99,4 @@ class Members:
 
     async def leave(self) -> None:
         """No longer a member (a graceful stop, or no pool left): others take its share."""
-        if not self._written:
-            return
-        try:
-            await self._port.delete_variable(self._path, self._home)
-            self._written = False
-        except NomadError as error:
-            log.warning("could not delete this reconciler's member record: %s", error)
+        await self._own.delete()

@@ -19,6 +19,7 @@ from controller.records.drains import DrainRecords
 from controller.records.environments import EnvironmentRecords
 from controller.records.leases import LeasePort, LeaseRecords
 from controller.records.members import Members
+from controller.records.replicas import ReplicaRecords
 from controller.records.waiting import WaitingPublisher, WaitingReader
 
 
@@ -54,6 +55,7 @@ class SharedRecords:
         self.catalog = CatalogRecords(port, watcher, home_namespace)
         self.environments = EnvironmentRecords(port, home_namespace)
         self.drains = DrainRecords(port, home_namespace)
+        self._replicas: ReplicaRecords | None = None
 
     def leases(self, ttl_seconds: float) -> LeaseRecords:
         return LeaseRecords(self._port, self._watcher, LockTerms(ttl_seconds, LOCK_DELAY_SECONDS))
@@ -68,11 +70,20 @@ class SharedRecords:
             environments=environments,
         )
 
+    def replicas(self) -> ReplicaRecords:
+        """This API replica's record and the live replicas' (made once)."""
+        if self._replicas is None:
+            self._replicas = ReplicaRecords(self._port, self.home, self.identity, self._clock)
+        return self._replicas
+
     def doorbell_watch(self, on_ring: Callable[[frozenset[str]], Awaitable[None]]) -> DoorbellWatch:
         return DoorbellWatch(self._watcher, self.home, on_ring)
 
     async def close(self) -> None:
         """What this process still owes the others: its waiting record deleted (nothing
-        of it waits any more) and the last ring written."""
+        of it waits any more), its replica record deleted (the others take its slices)
+        and the last ring written."""
         await self.waiting.close()
+        if self._replicas is not None:
+            await self._replicas.leave()
         await self.doorbell.close()

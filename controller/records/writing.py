@@ -15,11 +15,14 @@ now). Which records are written how:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
-from controller.nomad.errors import NomadConflict
+from controller.nomad.errors import NomadConflict, NomadError
 from controller.nomad.port import Variables
+
+log = logging.getLogger(__name__)
 
 
 async def create(
@@ -66,3 +69,29 @@ async def delete_unchanged(port: Variables, path: str, namespace: str, index: in
 def index_of(variable: Mapping[str, Any] | None) -> int:
     """A variable's ModifyIndex (0 for none: a check-and-set that creates)."""
     return int((variable or {}).get("ModifyIndex", 0))
+
+
+class OwnRecord:
+    """A record only this process writes (`cas=None`, whatever is there), such as its
+    member or replica record, deleted when it goes."""
+
+    def __init__(self, port: Variables, path: str, namespace: str, what: str) -> None:
+        self._port = port
+        self.path = path
+        self._namespace = namespace
+        self._what = what
+        self._written = False
+
+    async def write(self, items: dict[str, str]) -> None:
+        await self._port.put_variable(self.path, items, self._namespace, cas=None)
+        self._written = True
+
+    async def delete(self) -> None:
+        """Delete it if this process wrote it (a failure is logged: it expires)."""
+        if not self._written:
+            return
+        try:
+            await self._port.delete_variable(self.path, self._namespace)
+            self._written = False
+        except NomadError as error:
+            log.warning("could not delete %s: %s", self._what, error)

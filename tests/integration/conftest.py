@@ -119,7 +119,9 @@ class Harness:
             token_file=tokens,
             poseidon=poseidon or PoseidonSettings(),
         )
-        tier = ApiTier(settings, nomad or NomadConfig.from_env({"NOMAD_ADDR": self.server.url}))
+        nomad = nomad or NomadConfig.from_env({"NOMAD_ADDR": self.server.url})
+        # Replicas in one process: each its own identity, as each pod has its own host.
+        tier = ApiTier(settings, nomad, identity=f"test-replica-{len(self.tiers) + 1}/1")
         await tier.start()
         self.tiers.append(tier)
         await wait_until(lambda: tier.readiness().ready, what="the API tier to read the catalog")

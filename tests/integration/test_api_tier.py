@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from controller.core.paths import DOORBELL_PATH, catalog_path, lease_path
+from controller.api_tier import ApiTier
+from controller.core.paths import DOORBELL_PATH, catalog_path, lease_path, replica_path
 from controller.lab.simulator import Simulator
 from controller.nomad.config import NomadConfig
 from tests.support.documents import pool_doc
@@ -116,6 +117,52 @@ async def test_200_concurrent_claims_for_50_runners_across_two_replicas(harness,
     runners = [body["runnerId"] for status, body in results if status == 201]
     assert len(set(runners)) == 50
     assert {body["error"]["code"] for status, body in results if status == 503} == {"PoolEmpty"}
+
+
+def conflicts(tier: ApiTier) -> float:
+    """Check-and-sets of claims the replica lost to another claimer."""
+    value = tier.metrics.registry.get_sample_value(
+        "poolkeeper_claim_conflicts_total", {"pool": "default/py"}
+    )
+    return value or 0.0
+
+
+async def test_two_replicas_claim_from_slices_of_their_own_and_hand_out_each_runner_once(
+    harness: Harness, tmp_path
+):
+    await reconciler(harness, tmp_path, idle=60, maxRunners=200)
+    first, second = await harness.start_api_tier(), await harness.start_api_tier()
+    await first.replicas.beat()  # it reads the second's record now rather than in 5 s
+    for tier in (first, second):
+        assert tier.replicas.claimers.replicas == {"test-replica-1/1", "test-replica-2/1"}
+    record = harness.sim.variables()[replica_path("test-replica-2-1")]
+    assert record["Items"]["identity"] == "test-replica-2/1"
+    harness.sim.set_start_delay(60.0)  # no replacement becomes idle during the bursts
+    # Fewer claims than either slice holds: neither replica ever tries the other's runners,
+    # though neither has seen the other's claims in its offer yet.
+    burst = await asyncio.gather(
+        *(harness.api(first if i % 2 else second, "POST", CLAIMS, {}) for i in range(30))
+    )
+    assert [status for status, _ in burst] == [201] * 30, burst
+    claimed = [claim["runnerId"] for _, claim in burst]
+    assert len(set(claimed)) == 30
+    assert conflicts(first) == conflicts(second) == 0
+    # Then more than the pool has left: the slices run out, the replicas take from each
+    # other's, and still no runner is handed out twice.
+    rest = await asyncio.gather(
+        *(harness.api(first if i % 2 else second, "POST", CLAIMS, {}) for i in range(100))
+    )
+    statuses = [status for status, _ in rest]
+    assert statuses.count(201) == 30 and statuses.count(503) == 70, statuses
+    claimed += [claim["runnerId"] for status, claim in rest if status == 201]
+    assert len(set(claimed)) == 60
+    # A replica that stops deletes its record; the other counts itself alone again.
+    await second.stop()
+    harness.tiers.remove(second)
+    assert replica_path("test-replica-2-1") not in harness.sim.variables()
+    await first.replicas.beat()
+    assert first.replicas.claimers.replicas == {"test-replica-1/1"}
+    assert first.metrics.registry.get_sample_value("poolkeeper_api_replicas") == 1.0
 
 
 async def test_claims_beyond_a_capped_offer_take_the_pools_other_idle_runners(
