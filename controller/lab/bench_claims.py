@@ -24,16 +24,17 @@ against bare creates per second of as many concurrent writers.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import statistics
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 from controller.lab import bench
 from controller.lab.bench import Result, Run, ms, percentile, ratio, repeated
-from controller.lab.bench_clients import Samples
+from controller.lab.bench_clients import Samples, relay
 from controller.lab.bench_tier import ReconcilerOptions, Tier, balancer, claim_urls, tiers
 from controller.lab.chaos.balancer import BalancerMissing, haproxy_binary
 from controller.standalone import Controller
@@ -78,6 +79,8 @@ def blocks(total: int, size: int) -> Iterator[int]:
 
 
 Percentiles = dict[str, float]
+# A window of concurrent claims or writes: CPU ms per operation by process (CpuShares).
+Window = dict[str, float]
 
 # ratio key -> (numerator, denominator), keys of `percentiles`.
 RATIOS = {
@@ -152,15 +155,22 @@ async def bench_claims(run: Run) -> None:
         urls = claim_urls(tier.url, [CLAIM_POOL])
         runs = await probe_runs(run, tier, urls, rounds, sizes.claim_block, request_ids=True)
         record_claims(out, "claim", runs)
-        await throughput(
-            run, tier, tier.url, "claim", sizes.concurrency, tier_processes(tier, sim.pid)
+        one_replica = await throughput(
+            run,
+            tier,
+            tier.url,
+            "claim",
+            sizes.concurrency,
+            tier_processes(tier, sim.pid),
+            server="api",
+            conflicts=tier.claim_conflicts,
         )
         say(f"claims: the same, the simulator answering writes {WRITE_LATENCY_MS:g} ms late")
         await sim.act("set_write_latency", ms=WRITE_LATENCY_MS)
         runs = await probe_runs(run, tier, urls, rounds, sizes.claim_block, request_ids=False)
         record_claims(out, "claim.write_latency_2ms", runs)
         await sim.act("set_write_latency", ms=0)
-        await balanced(run, tier, sim.pid)
+        await balanced(run, tier, sim.pid, one_replica.windows["claim"])
     out["claim.samples"] = float(rounds)
 
     say(f"claims: {sizes.repetitions} x {rounds} rounds in one process (embedded)")
@@ -185,33 +195,59 @@ async def throughput(
     prefix: str,
     levels: Sequence[int],
     processes: Mapping[str, Sequence[int]],
-) -> None:
+    *,
+    server: str | None = None,
+    conflicts: Callable[[], Awaitable[float]] | None = None,
+) -> CpuShares:
     """Claims per second of C concurrent clients at `url` (each level from the declared
     pool), and at the most clients, per repetition, against as many concurrent writers of
     bare creates right after; with the CPU time each of `processes` (name -> PIDs) and
-    the load's process spent per claim and per create."""
+    the load's process spent per claim and per create. With `server` (the process in
+    `processes` that answers the claims), the relay (bench_clients.py) answers as many
+    requests after each repetition, and `cpu_ratio` is that process's CPU per claim
+    over the relay's per request. `conflicts`: the lost check-and-sets of claims so
+    far, counted per claim of each repetition."""
     sizes, out = run.sizes, run.out
     most = max(levels)
     claims: list[float] = []
     creates: list[float] = []
-    cpu = CpuShares({**processes, "load": [await run.clients.load_pid()]})
-    for clients in levels:
-        run.say(f"claims: {clients} concurrent clients ({prefix})")
-        repetitions = sizes.repetitions if clients == most else 1
-        for _ in range(repetitions):
-            await target.settle()
-            cpu.start()
-            row = await run.clients.claims(url, CLAIM_POOL, clients, sizes.concurrent_claims)
-            if clients == most:
+    relayed: list[float] = []
+    lost: list[float] = []
+    async with contextlib.AsyncExitStack() as stack:
+        measured = {**processes, "load": [await run.clients.load_pid()]}
+        relay_url = ""
+        if server is not None:
+            relay_url, relay_pid = await stack.enter_async_context(relay(target.sim_url))
+            measured["relay"] = [relay_pid]
+        cpu = CpuShares(measured)
+        for clients in levels:
+            run.say(f"claims: {clients} concurrent clients ({prefix})")
+            repetitions = sizes.repetitions if clients == most else 1
+            for _ in range(repetitions):
+                await target.settle()
+                lost_before = await conflicts() if conflicts is not None else 0.0
+                cpu.start()
+                row = await run.clients.claims(url, CLAIM_POOL, clients, sizes.concurrent_claims)
+                if clients != most:
+                    continue
                 cpu.stop("claim", sizes.concurrent_claims)
                 claims.append(row["claims_per_second"])
+                if conflicts is not None:
+                    lost.append((await conflicts() - lost_before) / sizes.concurrent_claims)
                 cpu.start()
                 creates.append(
                     await run.clients.writes(target.sim_url, most, sizes.concurrent_claims)
                 )
                 cpu.stop("create", sizes.concurrent_claims)
-        for name, value in row.items():
-            out[f"{prefix}.clients_{clients}.{name}"] = value
+                if server is not None:
+                    cpu.start()
+                    answered = await run.clients.claims(
+                        relay_url, CLAIM_POOL, most, sizes.concurrent_claims
+                    )
+                    cpu.stop("relay", sizes.concurrent_claims)
+                    relayed.append(answered["claims_per_second"])
+            for name, value in row.items():
+                out[f"{prefix}.clients_{clients}.{name}"] = value
     repeated(out, f"{prefix}.claims_per_second", claims, spread=False)
     repeated(out, f"{prefix}.bare_creates_per_second", creates, spread=False)
     repeated(
@@ -219,7 +255,14 @@ async def throughput(
         f"{prefix}.throughput_ratio",
         [ratio(c, w) for c, w in zip(claims, creates, strict=True)],
     )
+    if server is not None:
+        repeated(out, f"{prefix}.relay_requests_per_second", relayed, spread=False)
+        relayed_cpu = cpu_ratios(cpu.windows["claim"], server, cpu.windows["relay"], "relay")
+        repeated(out, f"{prefix}.cpu_ratio", relayed_cpu)
+    if conflicts is not None:
+        repeated(out, f"{prefix}.cas_conflicts_per_claim", lost)
     cpu.record(out, prefix)
+    return cpu
 
 
 class CpuShares:
@@ -230,7 +273,7 @@ class CpuShares:
 
     def __init__(self, processes: Mapping[str, Sequence[int]]) -> None:
         self.processes = processes
-        self.windows: dict[str, list[dict[str, float]]] = {}
+        self.windows: dict[str, list[Window]] = {}
         self._began: tuple[float, dict[str, float]] = (0.0, {})
 
     def _used(self) -> dict[str, float]:
@@ -262,14 +305,27 @@ class CpuShares:
                 out[f"{prefix}.{key}"] = round(statistics.median(values), 3)
 
 
+def cpu_ratios(
+    windows: Sequence[Window], process: str, floors: Sequence[Window], floor_process: str
+) -> list[float]:
+    """Per repetition: `process`'s CPU per operation in `windows` over `floor_process`'s
+    in `floors` (the same repetition's)."""
+    return [
+        ratio(window[process], floor[floor_process])
+        for window, floor in zip(windows, floors, strict=True)
+    ]
+
+
 def tier_processes(tier: Tier, sim_pid: int) -> dict[str, list[int]]:
     """The API replicas, the reconciler and the simulator, by name."""
     return {"api": tier.pids(), "reconciler": [tier.reconciler_pid], "simulator": [sim_pid]}
 
 
-async def balanced(run: Run, tier: Tier, sim_pid: int) -> None:
+async def balanced(run: Run, tier: Tier, sim_pid: int, one_replica: Sequence[Window]) -> None:
     """The most clients against two API replicas behind HAProxy (`claim.balanced.*`;
-    `claim.balanced.haproxy` is 0 where there is no HAProxy to start)."""
+    `claim.balanced.haproxy` is 0 where there is no HAProxy to start). `cpu_ratio`: the
+    two replicas' CPU per claim together over one replica's (`one_replica`: its windows,
+    repetition by repetition)."""
     try:
         haproxy_binary()
     except BalancerMissing as missing:
@@ -282,7 +338,11 @@ async def balanced(run: Run, tier: Tier, sim_pid: int) -> None:
     async with balancer(tier.urls) as url:
         processes = tier_processes(tier, sim_pid)
         most = [max(run.sizes.concurrency)]
-        await throughput(run, tier, url, "claim.balanced", most, processes)
+        cpu = await throughput(
+            run, tier, url, "claim.balanced", most, processes, conflicts=tier.claim_conflicts
+        )
     served = [after - was for after, was in zip(await tier.claims_served(), before, strict=True)]
     # How evenly the balancer spread the claims: 0.5 is even.
     run.out["claim.balanced.least_served_share"] = round(min(served) / max(1.0, sum(served)), 3)
+    together = cpu_ratios(cpu.windows["claim"], "api", one_replica, "api")
+    repeated(run.out, "claim.balanced.cpu_ratio", together)

@@ -7,7 +7,12 @@ run (on first use) and shared by every section that needs them:
   server, then bare `cas=0` creates of claim-shaped variables to the simulator), in
   rounds whose order flips every round, to whatever target each command names;
 - the **load**: C concurrent claimers against a claim URL, or W concurrent bare writers
-  against a simulator.
+  against a simulator;
+- the **relay** (started per simulator, `relay`): the CPU floor of a claim. It serves a
+  claim's `POST` with the HTTP stack an API replica serves claims with (an aiohttp
+  server, an aiohttp client to Nomad with as many connections as the replica's) by
+  making one `cas=0` create in the simulator and answering a claim-sized JSON body, and
+  does nothing else: its CPU per request is what any claim costs a replica.
 
 Real clients are other processes, and none of these shares the controller's CPU time or
 event loop; reusing them spares a process start (an interpreter and its imports) per
@@ -19,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
@@ -30,6 +36,8 @@ from aiohttp import web
 
 from controller.lab import bench
 from controller.lab.bench import NAMESPACE, Child, Result, ms, percentile
+from controller.nomad.client import DEFAULT_MAX_CONNECTIONS
+from controller.serving import HTTP_IDLE_TIMEOUT_SECONDS
 
 # What the trivial handler answers: about the size of a claim's answer.
 FLOOR_ANSWER = b'{"runnerId": "' + b"x" * 380 + b'"}'
@@ -103,19 +111,66 @@ def _floor_child(conn: Connection) -> None:
     asyncio.run(_floor_serve(conn))
 
 
+def floor_answer() -> web.Response:
+    return web.Response(body=FLOOR_ANSWER, status=201, content_type="application/json")
+
+
 async def _floor_serve(conn: Connection) -> None:
     async def answer(request: web.Request) -> web.Response:
         await request.read()
-        return web.Response(body=FLOOR_ANSWER, status=201, content_type="application/json")
+        return floor_answer()
 
     app = web.Application()
     app.router.add_post("/floor", answer)
-    runner = web.AppRunner(app, access_log=None)
+    await _serve_until_stopped(conn, app, "/floor")
+
+
+async def _serve_until_stopped(conn: Connection, app: web.Application, path: str) -> None:
+    """Serve `app` on a free loopback port, send its URL (with `path`) to the parent, and
+    stop once the parent says so."""
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=HTTP_IDLE_TIMEOUT_SECONDS)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
-    conn.send(f"http://127.0.0.1:{runner.addresses[0][1]}/floor")
+    conn.send(f"http://127.0.0.1:{runner.addresses[0][1]}{path}")
     await asyncio.get_running_loop().run_in_executor(None, bench.wait_for_parent, conn)
     await runner.cleanup()
+
+
+# ---- the relay ------------------------------------------------------------------------------
+
+
+def _relay_child(conn: Connection, sim_url: str) -> None:
+    logging.basicConfig(level=logging.WARNING)
+    asyncio.run(_relay_serve(conn, sim_url))
+
+
+async def _relay_serve(conn: Connection, sim_url: str) -> None:
+    created = 0
+    prefix = f"bench/relay/{os.getpid()}"
+    connector = aiohttp.TCPConnector(limit=DEFAULT_MAX_CONNECTIONS)
+    async with aiohttp.ClientSession(connector=connector) as http:
+
+        async def answer(request: web.Request) -> web.Response:
+            nonlocal created
+            await request.read()
+            created += 1
+            await bare_create(http, sim_url, f"{prefix}/{created}", created)
+            return floor_answer()
+
+        app = web.Application()
+        app.router.add_post(f"/v1/pools/{NAMESPACE}/{{name}}/claims", answer)
+        await _serve_until_stopped(conn, app, "")
+
+
+@contextlib.asynccontextmanager
+async def relay(sim_url: str) -> AsyncIterator[tuple[str, int]]:
+    """The relay against this simulator, in a child process: its URL (claims are posted
+    to it as to a replica) and its process ID."""
+    child = Child(_relay_child, sim_url, name="bench-relay")
+    try:
+        yield str(await child.receive(60.0)), child.pid
+    finally:
+        await child.stop()
 
 
 # ---- the prober ----------------------------------------------------------------------------

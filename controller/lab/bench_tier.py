@@ -209,7 +209,17 @@ class Tier:
         url = str(await child.receive(START_SECONDS))
         self.urls.append(url)
         await self.offered(url, listed)
+        await self._counting_each_other()
         return url
+
+    async def _counting_each_other(self) -> None:
+        """Wait until every replica counts them all live (their replica records): from
+        then on they claim from their own slices of the offers."""
+        deadline = time.monotonic() + START_SECONDS
+        while await self._counted("poolkeeper_api_replicas") != [len(self.urls)] * len(self.urls):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the API replicas never counted each other live")
+            await asyncio.sleep(0.1)
 
     def pids(self) -> list[int]:
         """The API replicas' processes."""
@@ -266,18 +276,27 @@ class Tier:
 
     async def claims_served(self) -> list[float]:
         """Claim requests each replica has answered so far (its `poolkeeper_claims_total`)."""
-        served = []
+        return await self._counted("poolkeeper_claims_total")
+
+    async def claim_conflicts(self) -> float:
+        """Check-and-sets of claims the replicas lost so far, together (their
+        `poolkeeper_claim_conflicts_total`)."""
+        return sum(await self._counted("poolkeeper_claim_conflicts_total"))
+
+    async def _counted(self, metric: str) -> list[float]:
+        """Per replica: the sum of the metric's series."""
+        counted = []
         for url in self.urls:
             async with self._http.get(f"{url}/metrics") as response:
                 text = await response.text()
-            served.append(
+            counted.append(
                 sum(
                     float(line.rsplit(" ", 1)[1])
                     for line in text.splitlines()
-                    if line.startswith("poolkeeper_claims_total{")
+                    if line.startswith((metric + "{", metric + " "))
                 )
             )
-        return served
+        return counted
 
     async def stop(self) -> None:
         await self._http.close()

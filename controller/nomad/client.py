@@ -163,6 +163,8 @@ DEFAULT_USER_AGENT = f"poolkeeper/{__version__}"
 _DECODER = json.JSONDecoder()
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 _LARGE_BODY = 64 * 1024
+# Connections a client keeps alive to Nomad (a call beyond them waits for a free one).
+DEFAULT_MAX_CONNECTIONS = 16
 
 
 async def decode_json(raw: bytes) -> Any:
@@ -231,7 +233,7 @@ class NomadClient:
         self,
         config: NomadConfig,
         *,
-        max_connections: int = 16,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
         timeout: float = 10.0,
         on_request: OnRequest | None = None,
         attempts: int = 4,
