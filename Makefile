@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-fast lint demo clean helm promtool haproxy kube
+.PHONY: venv test test-fast lint demo clean helm promtool haproxy kube nomad-api-tests
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,15 @@ haproxy:
 # Go modules (tools/kube, scripts/build-kube.sh): minutes the first time, a no-op after.
 kube:
 	scripts/build-kube.sh
+
+# Nomad's own Go API client tests (the module github.com/hashicorp/nomad/api, pinned in
+# tools/nomad-api-tests/go.mod) against `poolkeeper sim`: a table of each test's outcome;
+# fails when a test of expected-pass.txt does not pass. NOMAD_API_TESTS="-areas poolkeeper"
+# runs only the areas poolkeeper uses, "-run REGEXP" some tests.
+NOMAD_API_TESTS ?=
+nomad-api-tests: $(STAMP)
+	cd tools/nomad-api-tests && PATH="$(CURDIR)/$(BIN):$$PATH" \
+		go run . -bin "$(CURDIR)/.cache/nomad-api-tests/bin" $(NOMAD_API_TESTS)
 
 test: lint helm promtool haproxy kube
 	$(BIN)/pytest -q

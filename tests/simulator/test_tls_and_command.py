@@ -38,6 +38,7 @@ def _args(**overrides: object) -> argparse.Namespace:
     values: dict[str, object] = {
         "listen": "127.0.0.1:0",
         "nodes": None,
+        "no_client": False,
         "acl_enabled": False,
         "seed": 0,
         "tls_cert": None,
@@ -60,6 +61,7 @@ def _args(**overrides: object) -> argparse.Namespace:
         ({"nodes": [""]}, "--node"),
         ({"exec_mode": "docker"}, "docker"),
         ({"write_latency_ms": -1.0}, "-1.0"),
+        ({"no_client": True, "nodes": ["a"]}, "--no-client"),
     ],
 )
 def test_bad_values_exit_2_with_one_line(
@@ -75,3 +77,9 @@ def test_the_sim_command_takes_exec_and_write_latency() -> None:
     assert (args.exec_mode, args.write_latency_ms) == ("local", 25.0)
     defaults = build_parser().parse_args(["sim"])
     assert (defaults.exec_mode, defaults.write_latency_ms) == ("none", 0.0)
+
+
+def test_a_server_alone_has_no_client_node() -> None:
+    assert build_parser().parse_args(["sim", "--no-client"]).no_client
+    assert Simulator(nodes=[]).node_names() == []
+    assert len(Simulator().node_names()) == 3

@@ -6,7 +6,7 @@ from aiohttp import web
 
 from controller.lab.simulator.routes import RouteGroup
 from controller.lab.simulator.util import JSON
-from controller.lab.simulator.wire import AddRoute, reply
+from controller.lab.simulator.wire import AddRoute, reply, text
 
 
 class AgentRoutes(RouteGroup):
@@ -16,6 +16,8 @@ class AgentRoutes(RouteGroup):
         r(r"/v1/agent/self", GET=self.agent_self)
         r(r"/v1/regions", GET=self.regions)
         r(r"/v1/namespaces", GET=self.namespaces)
+        r(r"/\.well-known/jwks\.json", GET=self.jwks)
+        r(r"/v1/metrics", GET=self.metrics)
 
     async def leader(self, request: web.Request, p: dict[str, str], t: JSON | None) -> web.Response:
         return reply(f"{self.sim.advertise}:4647")
@@ -40,6 +42,18 @@ class AgentRoutes(RouteGroup):
         return reply(
             [{"Name": n, "Description": "", "CreateIndex": 1, "ModifyIndex": 1} for n in names], 1
         )
+
+    async def jwks(self, request: web.Request, p: dict[str, str], t: JSON | None) -> web.Response:
+        response = reply(self.sim.keyring.public_keys(), 1)
+        response.headers["Cache-Control"] = f"max-age={self.sim.keyring.max_age_seconds()}"
+        return response
+
+    async def metrics(
+        self, request: web.Request, p: dict[str, str], t: JSON | None
+    ) -> web.Response:
+        if request.query.get("format") == "prometheus":
+            return text(415, "Prometheus is not enabled")
+        return reply(self.sim.metrics_summary())
 
     async def agent_self(
         self, request: web.Request, p: dict[str, str], t: JSON | None

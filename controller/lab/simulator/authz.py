@@ -54,6 +54,8 @@ RULES: dict[str, Rule] = {
     "AgentRoutes.leader": PUBLIC,
     "AgentRoutes.peers": PUBLIC,
     "AgentRoutes.regions": PUBLIC,
+    "AgentRoutes.jwks": PUBLIC,
+    "AgentRoutes.metrics": PUBLIC,  # Nomad checks no token for its metrics
     "AgentRoutes.agent_self": coarse("agent"),
     "AgentRoutes.namespaces": IN_HANDLER,  # lists the namespaces the token may use
     "JobRoutes.jobs_list": IN_HANDLER,  # list-jobs; `namespace=*` lists the allowed ones

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -12,12 +13,15 @@ from controller.lab.simulator.api import ApiFaults
 from controller.lab.simulator.audit import WriteAudit
 from controller.lab.simulator.clients import Clients
 from controller.lab.simulator.jobs import JobRegistry
+from controller.lab.simulator.keyring import Keyring
 from controller.lab.simulator.nodes import NodeRegistry
 from controller.lab.simulator.sandbox import Sandboxes
 from controller.lab.simulator.scheduler import Scheduler
 from controller.lab.simulator.store import JobKey, JobRecord, Store
-from controller.lab.simulator.util import JSON, WALL_CLOCK
+from controller.lab.simulator.util import JSON, WALL_CLOCK, now_ns
 from controller.lab.simulator.variables import VariableRegistry, VarKey, var_meta
+
+DEFAULT_NODES = ("sim-node-1", "sim-node-2", "sim-node-3")
 
 
 class Simulator:
@@ -56,6 +60,7 @@ class Simulator:
         self.register_job = self.job_registry.register_job
         self.variable_registry = VariableRegistry(self.store, lock_time_scale)
         self.acl = Acl(self.store, acl_enabled)
+        self.keyring = Keyring(seed)
         self.api_faults = ApiFaults()
         # The clients' allocation directories; `local` runs execs there as real processes.
         self.sandboxes = Sandboxes(self.store, exec_mode)
@@ -80,7 +85,7 @@ class Simulator:
         self.audit = WriteAudit(self.vars)
         self.tokens = self.acl.tokens
         self.policies = self.acl.policies
-        for name in nodes or ["sim-node-1", "sim-node-2", "sim-node-3"]:
+        for name in DEFAULT_NODES if nodes is None else nodes:
             self.node_registry.register(name, node_cpu, node_memory_mb)
 
     # ------------------------------------------------------------------ settings
@@ -326,6 +331,13 @@ class Simulator:
 
     def node_names(self) -> list[str]:
         return list(self.store.node_by_name)
+
+    def metrics_summary(self) -> JSON:
+        """`/v1/metrics` (go-metrics' summary of the current 10 s interval): the simulator
+        keeps no telemetry, so it has a timestamp and no values."""
+        interval = now_ns() // 10**10 * 10
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S +0000 UTC", time.gmtime(interval))
+        return {"Timestamp": stamp, "Gauges": [], "Points": [], "Counters": [], "Samples": []}
 
     def snapshot(self) -> JSON:
         """Counts and counters, for /_sim/state and benchmarks."""

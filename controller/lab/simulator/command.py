@@ -9,7 +9,7 @@ import signal
 import ssl
 import sys
 
-from controller.lab.simulator.cluster import Simulator
+from controller.lab.simulator.cluster import DEFAULT_NODES, Simulator
 from controller.lab.simulator.server import start_sim
 
 
@@ -52,7 +52,9 @@ def main(args: argparse.Namespace) -> int:
     try:
         host, port = _parse_listen(args.listen)
         context = _ssl_context(args.tls_cert, args.tls_key)
-        nodes = args.nodes or ["sim-node-1", "sim-node-2", "sim-node-3"]
+        if args.no_client and args.nodes:
+            raise ValueError("--no-client and --node exclude each other")
+        nodes = [] if args.no_client else args.nodes or list(DEFAULT_NODES)
         for name in nodes:
             if not name or not name.strip():
                 raise ValueError(f"invalid --node {name!r}")
