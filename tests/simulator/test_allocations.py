@@ -90,7 +90,20 @@ async def test_pagination_prefix_and_namespace(client: Client, sim: Simulator) -
     assert len(all_ns) == 3
 
 
+async def test_a_table_never_written_answers_index_0(client: Client) -> None:
+    # As Nomad's state store: the index of what was read, 0 before the first write, and a
+    # query with index=0 does not block.
+    for path in ("/v1/allocations", "/v1/evaluations", "/v1/jobs", "/v1/deployments"):
+        status, body, headers = await client.get(path, index=0, wait="5s")
+        assert (status, body, headers["X-Nomad-Index"]) == (200, [], "0"), path
+    for path in ("/v1/job/nope/allocations", "/v1/job/nope/evaluations"):
+        assert (await client.get(path))[2]["X-Nomad-Index"] == "0", path
+    assert (await client.get("/v1/evaluation/nope/allocations"))[2]["X-Nomad-Index"] == "0"
+
+
 async def test_blocking_query_wakes_on_change(client: Client, sim: Simulator) -> None:
+    await client.register(service_job("first"))
+    await wait_until(lambda: [a["ClientStatus"] for a in sim.allocs.values()] == ["running"])
     _, _, headers = await client.get("/v1/allocations")
     index = int(headers["X-Nomad-Index"])
     loop = asyncio.get_running_loop()
@@ -100,16 +113,19 @@ async def test_blocking_query_wakes_on_change(client: Client, sim: Simulator) ->
     assert not waiter.done()
     await client.register(service_job("wake"))
     status, allocs, headers = await asyncio.wait_for(waiter, 3)
-    assert status == 200 and len(allocs) == 1
+    assert status == 200 and len(allocs) == 2
     assert int(headers["X-Nomad-Index"]) > index
     assert loop.time() - started < 2
 
 
-async def test_blocking_query_times_out_with_current_index(client: Client) -> None:
+async def test_blocking_query_times_out_with_current_index(client: Client, sim: Simulator) -> None:
+    await client.register(service_job("only"))
+    await wait_until(lambda: [a["ClientStatus"] for a in sim.allocs.values()] == ["running"])
     _, _, headers = await client.get("/v1/jobs")
     index = int(headers["X-Nomad-Index"])
+    assert index > 0
     status, body, headers = await client.get("/v1/jobs", index=index, wait="50ms")
-    assert status == 200 and body == [] and int(headers["X-Nomad-Index"]) == index
+    assert status == 200 and len(body) == 1 and int(headers["X-Nomad-Index"]) == index
 
 
 async def test_bad_index_and_wait(client: Client) -> None:
@@ -129,7 +145,10 @@ async def test_node_allocations_are_full(client: Client, sim: Simulator) -> None
     node_id = sim.allocations("n")[0]["NodeID"]
     status, allocs, _ = await client.get(f"/v1/node/{node_id}/allocations")
     assert status == 200 and allocs[0]["Job"]["ID"] == "n" and "NextAllocation" not in allocs[0]
-    assert (await client.get("/v1/node/nope/allocations"))[:2] == (404, "node not found")
+    # Nomad lists an unknown node's allocations as those of a node without any.
+    status, allocs, headers = await client.get("/v1/node/nope/allocations")
+    assert (status, allocs) == (200, [])
+    assert headers["X-Nomad-Index"] == str(sim.table_index["allocs"])
 
 
 async def test_alloc_stop_migrates(client: Client, sim: Simulator) -> None:

@@ -114,9 +114,14 @@ async def test_meta_change_is_destructive(client: Client, sim: Simulator) -> Non
 
 async def test_scale_is_in_place(client: Client, sim: Simulator) -> None:
     await client.register(service_job("sc", count=1))
-    status, out, _ = await client.post(
-        "/v1/job/sc/scale", {"Count": 3, "Target": {"Group": "g"}, "Message": "up"}
+    up = {"Count": 3, "Target": {"Group": "g"}, "Message": "up"}
+    # As in Nomad, not while the job's deployment is active.
+    assert (await client.post("/v1/job/sc/scale", up))[:2] == (
+        400,
+        "job scaling blocked due to active deployment",
     )
+    await wait_until(lambda: [d["Status"] for d in sim.deployments.values()] == ["successful"])
+    status, out, _ = await client.post("/v1/job/sc/scale", up)
     assert status == 200 and "EvalID" in out
     await wait_until(lambda: len(sim.allocations("sc")) == 3)
     names = sorted(a["Name"] for a in sim.allocations("sc"))

@@ -94,18 +94,19 @@ func main() {
 	bin := flag.String("bin", "", "where the nomad stand-in is built (required)")
 	expectFile := flag.String("expect", "expected-pass.txt", "the tests that must pass")
 	verbose := flag.Bool("v", false, "print the output of every failed test, not only regressions'")
+	record := flag.Bool("record", false, "add the tests that passed to the -expect file")
 	flag.Parse()
 	if *bin == "" || (*areas != "all" && *areas != "poolkeeper") {
 		flag.Usage()
 		os.Exit(2)
 	}
-	if err := runSuite(*areas, *run, *parallel, *bin, *expectFile, *verbose); err != nil {
+	if err := runSuite(*areas, *run, *parallel, *bin, *expectFile, *verbose, *record); err != nil {
 		fmt.Fprintln(os.Stderr, "nomad-api-tests:", err)
 		os.Exit(1)
 	}
 }
 
-func runSuite(areas, runPattern string, parallel int, bin, expectFile string, verbose bool) error {
+func runSuite(areas, runPattern string, parallel int, bin, expectFile string, verbose, record bool) error {
 	started := time.Now()
 	dir, files, err := apiTestFiles()
 	if err != nil {
@@ -136,8 +137,14 @@ func runSuite(areas, runPattern string, parallel int, bin, expectFile string, ve
 	if goTestErr != nil && results == nil {
 		return goTestErr
 	}
-	regressions := report(tests, results, expected, verbose)
+	regressions, newlyPassing := report(tests, results, expected, verbose)
 	fmt.Printf("nomad-api-tests: %s in all\n", time.Since(started).Round(time.Second))
+	if record && len(newlyPassing) > 0 {
+		if err := appendLines(expectFile, newlyPassing); err != nil {
+			return err
+		}
+		fmt.Printf("nomad-api-tests: %d tests added to %s\n", len(newlyPassing), expectFile)
+	}
 	if len(regressions) > 0 {
 		return fmt.Errorf("%d tests listed in %s did not pass: %s", len(regressions), expectFile, strings.Join(regressions, ", "))
 	}
@@ -341,8 +348,8 @@ func goTest(path, pattern string, parallel int) (map[string]*result, error) {
 }
 
 // report prints the table and the summary per area; it returns the expected passes that
-// did not pass.
-func report(tests []agentTest, results map[string]*result, expected map[string]bool, verbose bool) []string {
+// did not pass, and the tests that passed without being expected to.
+func report(tests []agentTest, results map[string]*result, expected map[string]bool, verbose bool) ([]string, []string) {
 	type tally struct{ passed, total int }
 	tallies := map[string]*tally{}
 	var order []string
@@ -408,7 +415,26 @@ func report(tests []agentTest, results map[string]*result, expected map[string]b
 	if len(newlyPassing) > 0 {
 		fmt.Printf("\npassing but not listed in expected-pass.txt: %s\n", strings.Join(newlyPassing, " "))
 	}
-	return regressions
+	return regressions, newlyPassing
+}
+
+// appendLines adds names to the expectations file, keeping it sorted (after its comments).
+func appendLines(file string, names []string) error {
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	var header, listed []string
+	for _, line := range strings.Split(strings.TrimRight(string(raw), "\n"), "\n") {
+		if strings.HasPrefix(line, "#") || strings.TrimSpace(line) == "" {
+			header = append(header, line)
+		} else {
+			listed = append(listed, line)
+		}
+	}
+	listed = append(listed, names...)
+	sort.Strings(listed)
+	return os.WriteFile(file, []byte(strings.Join(append(header, listed...), "\n")+"\n"), 0o644)
 }
 
 func selected(tests []agentTest, name string) bool {

@@ -14,7 +14,7 @@ from controller.lab.simulator.routes import (
     read_object,
 )
 from controller.lab.simulator.util import JSON, bad_request
-from controller.lab.simulator.wire import AddRoute, reply
+from controller.lab.simulator.wire import AddRoute, floored, reply
 
 
 class AclRoutes(RouteGroup):
@@ -80,7 +80,7 @@ class AclRoutes(RouteGroup):
             for pol in self.sim.policies.values()
             if _may_read_policy(t, pol["Name"])
         ]
-        return reply(stubs, self.sim.table_index["acl_policy"])
+        return reply(stubs, floored(self.sim.table_index["acl_policy"]))
 
     async def acl_policy_read(
         self, request: web.Request, p: dict[str, str], t: JSON | None

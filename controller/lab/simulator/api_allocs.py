@@ -97,7 +97,13 @@ class AllocRoutes(RouteGroup):
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
         self.sim.require(t, self.sim.alloc(p["id"])["Namespace"], "alloc-lifecycle")
-        return write_reply(self.sim.stop_allocation(p["id"], parse_bool(request, "reschedule")))
+        return write_reply(
+            self.sim.stop_allocation(
+                p["id"],
+                parse_bool(request, "reschedule"),
+                parse_bool(request, "no_shutdown_delay"),
+            )
+        )
 
     async def evals_list(
         self, request: web.Request, p: dict[str, str], t: JSON | None

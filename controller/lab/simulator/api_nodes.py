@@ -13,7 +13,14 @@ from controller.lab.simulator.routes import (
 )
 from controller.lab.simulator.util import JSON, bad_request, not_found
 from controller.lab.simulator.views import alloc_full, node_stub
-from controller.lab.simulator.wire import AddRoute, parse_bool, read_json, reply
+from controller.lab.simulator.wire import (
+    AddRoute,
+    block,
+    floored,
+    parse_bool,
+    read_json,
+    reply,
+)
 
 
 class NodeRoutes(RouteGroup):
@@ -53,10 +60,28 @@ class NodeRoutes(RouteGroup):
     async def node_allocs(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        index = await self.block_on_tables(request, "allocs")
-        node_id = self._node_id(p)
-        allocs = [self.sim.allocs[a] for a in self.sim.node_allocs[node_id]]
-        return reply([alloc_full(a) for a in allocs], index)
+        sim = self.sim
+
+        def allocs() -> list[JSON]:
+            # An unknown node has no allocations: 200 [], as a known one without any.
+            return [sim.allocs[a] for a in sim.node_allocs.get(p["id"], ())]
+
+        def index_of() -> int:
+            # The newest of the node's allocations, or the table's when it has none.
+            mine = allocs()
+            if mine:
+                return max(int(a["ModifyIndex"]) for a in mine)
+            return floored(sim.table_index["allocs"])
+
+        index = await block(sim, request, index_of)
+        # Node read lets a token list them, and it sees those of the namespaces it may read.
+        permissions = sim.permissions(t)
+        shown = [
+            alloc_full(a)
+            for a in allocs()
+            if permissions is None or permissions.allow_namespace_op(a["Namespace"], "read-job")
+        ]
+        return reply(shown, index)
 
     async def node_drain(
         self, request: web.Request, p: dict[str, str], t: JSON | None

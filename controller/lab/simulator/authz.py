@@ -66,6 +66,7 @@ RULES: dict[str, Rule] = {
     "JobRoutes.job_evaluations": READ_JOB,
     "JobRoutes.job_versions": READ_JOB,
     "JobRoutes.job_summary": READ_JOB,
+    "JobRoutes.job_submission": READ_JOB,
     "JobRoutes.job_deployments": READ_JOB,
     "JobRoutes.job_deployment": READ_JOB,
     "JobRoutes.job_evaluate": READ_JOB,

@@ -81,13 +81,18 @@ class Clients:
             self.store.later(0, self.scheduler.deployment_progress, alloc["DeploymentID"])
 
     # ------------------------------------------------------------------ API
-    def stop_allocation(self, alloc_id: str, reschedule: bool = False) -> JSON:
+    def stop_allocation(
+        self, alloc_id: str, reschedule: bool = False, no_shutdown_delay: bool = False
+    ) -> JSON:
         alloc = self.store.alloc(alloc_id)
         txn = self.store.txn("AllocationUpdateDesiredStatus")
-        transition = {**alloc["DesiredTransition"], "Migrate": True}
-        if reschedule:
-            transition["Reschedule"] = True
-        alloc["DesiredTransition"] = transition
+        # As Nomad's Alloc.Stop: all three set, each as asked.
+        alloc["DesiredTransition"] = {
+            **alloc["DesiredTransition"],
+            "Migrate": True,
+            "Reschedule": reschedule,
+            "NoShutdownDelay": no_shutdown_delay,
+        }
         txn.alloc(alloc)
         ev = self.scheduler.new_eval(txn, alloc["Job"], "alloc-stop")
         self.store.commit(txn)

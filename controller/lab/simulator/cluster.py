@@ -137,8 +137,17 @@ class Simulator:
         self.sandboxes.shutdown()
 
     # ------------------------------------------------------------------ jobs
-    def deregister_job(self, job_id: str, namespace: str = "default", purge: bool = False) -> JSON:
-        return self.job_registry.deregister_job(job_id, namespace, purge)
+    def deregister_job(
+        self,
+        job_id: str,
+        namespace: str = "default",
+        purge: bool = False,
+        eval_priority: int = 0,
+        no_shutdown_delay: bool = False,
+    ) -> JSON:
+        return self.job_registry.deregister_job(
+            job_id, namespace, purge, eval_priority, no_shutdown_delay
+        )
 
     def evaluate_job(self, job_id: str, namespace: str = "default") -> JSON:
         return self.job_registry.evaluate_job(job_id, namespace)
@@ -165,8 +174,10 @@ class Simulator:
     def alloc(self, alloc_id: str) -> JSON:
         return self.store.alloc(alloc_id)
 
-    def stop_allocation(self, alloc_id: str, reschedule: bool = False) -> JSON:
-        return self.clients.stop_allocation(alloc_id, reschedule)
+    def stop_allocation(
+        self, alloc_id: str, reschedule: bool = False, no_shutdown_delay: bool = False
+    ) -> JSON:
+        return self.clients.stop_allocation(alloc_id, reschedule, no_shutdown_delay)
 
     # ------------------------------------------------------------------ nodes
     def node_id(self, name_or_id: str) -> str:
