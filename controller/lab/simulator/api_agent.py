@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from controller.lab.simulator.routes import RouteGroup
-from controller.lab.simulator.util import JSON
-from controller.lab.simulator.wire import AddRoute, reply, text
+from controller.lab.simulator.authz import denied
+from controller.lab.simulator.routes import (
+    RouteGroup,
+    index_reply,
+    object_methods,
+    put_or_post,
+    read_object,
+)
+from controller.lab.simulator.util import JSON, ApiError, bad_request
+from controller.lab.simulator.wire import AddRoute, block, floored, reply, text
 
 
 class AgentRoutes(RouteGroup):
@@ -16,6 +23,11 @@ class AgentRoutes(RouteGroup):
         r(r"/v1/agent/self", GET=self.agent_self)
         r(r"/v1/regions", GET=self.regions)
         r(r"/v1/namespaces", GET=self.namespaces)
+        r(r"/v1/namespace", **put_or_post(self.namespace_write))
+        r(
+            r"/v1/namespace/(?P<name>.*)",
+            **object_methods(self.namespace_read, self.namespace_write, self.namespace_delete),
+        )
         r(r"/\.well-known/jwks\.json", GET=self.jwks)
         r(r"/v1/metrics", GET=self.metrics)
 
@@ -33,15 +45,49 @@ class AgentRoutes(RouteGroup):
     async def namespaces(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
+        index = await self.block_on_tables(request, "namespaces")
         permissions = self.sim.permissions(t)
-        names = sorted(
-            name
-            for name in {"default", *(k[0] for k in self.sim.jobs)}
-            if permissions is None or permissions.allow_namespace(name)
-        )
-        return reply(
-            [{"Name": n, "Description": "", "CreateIndex": 1, "ModifyIndex": 1} for n in names], 1
-        )
+        prefix = request.query.get("prefix", "")
+        listed = [
+            ns
+            for name, ns in sorted(self.sim.namespace_registry.namespaces.items())
+            if name.startswith(prefix)
+            and (permissions is None or permissions.allow_namespace(name))
+        ]
+        return reply(listed, floored(index))
+
+    async def namespace_read(
+        self, request: web.Request, p: dict[str, str], t: JSON | None
+    ) -> web.Response:
+        name = _namespace_name(p)
+        permissions = self.sim.permissions(t)
+        if permissions is not None and not permissions.allow_namespace(name):
+            raise denied()
+        namespaces = self.sim.namespace_registry.namespaces
+
+        def index_of() -> int:
+            found = namespaces.get(name)
+            return (
+                int(found["ModifyIndex"]) if found else floored(self.sim.table_index["namespaces"])
+            )
+
+        index = await block(self.sim, request, index_of)
+        if name not in namespaces:
+            raise ApiError(404, "Namespace not found", index)
+        return reply(namespaces[name], index)
+
+    async def namespace_write(
+        self, request: web.Request, p: dict[str, str], t: JSON | None
+    ) -> web.Response:
+        body = await read_object(request)
+        if "name" in p and body.get("Name") != _namespace_name(p):
+            raise bad_request("Namespace name does not match request path")
+        return index_reply(self.sim.namespace_registry.upsert(body))
+
+    async def namespace_delete(
+        self, request: web.Request, p: dict[str, str], t: JSON | None
+    ) -> web.Response:
+        return index_reply(self.sim.namespace_registry.delete(_namespace_name(p)))
 
     async def jwks(self, request: web.Request, p: dict[str, str], t: JSON | None) -> web.Response:
         response = reply(self.sim.keyring.public_keys(), 1)
@@ -77,3 +123,9 @@ class AgentRoutes(RouteGroup):
                 "stats": {"nomad": {"leader": "true", "server": "true"}},
             }
         )
+
+
+def _namespace_name(p: dict[str, str]) -> str:
+    if not p["name"]:
+        raise bad_request("Missing Namespace Name")
+    return p["name"]

@@ -58,6 +58,9 @@ RULES: dict[str, Rule] = {
     "AgentRoutes.metrics": PUBLIC,  # Nomad checks no token for its metrics
     "AgentRoutes.agent_self": coarse("agent"),
     "AgentRoutes.namespaces": IN_HANDLER,  # lists the namespaces the token may use
+    "AgentRoutes.namespace_read": IN_HANDLER,  # a namespace the token may use
+    "AgentRoutes.namespace_write": MANAGEMENT,
+    "AgentRoutes.namespace_delete": MANAGEMENT,
     "JobRoutes.jobs_list": IN_HANDLER,  # list-jobs; `namespace=*` lists the allowed ones
     "JobRoutes.job_register": IN_HANDLER,  # submit-job in the job's namespace
     "JobRoutes.job_read": READ_JOB,

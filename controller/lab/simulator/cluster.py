@@ -14,6 +14,7 @@ from controller.lab.simulator.audit import WriteAudit
 from controller.lab.simulator.clients import Clients
 from controller.lab.simulator.jobs import JobRegistry
 from controller.lab.simulator.keyring import Keyring
+from controller.lab.simulator.namespaces import NamespaceRegistry
 from controller.lab.simulator.nodes import NodeRegistry
 from controller.lab.simulator.sandbox import Sandboxes
 from controller.lab.simulator.scheduler import Scheduler
@@ -61,6 +62,7 @@ class Simulator:
         self.variable_registry = VariableRegistry(self.store, lock_time_scale)
         self.acl = Acl(self.store, acl_enabled)
         self.keyring = Keyring(seed)
+        self.namespace_registry = NamespaceRegistry(self.store, lambda: self.variable_registry.vars)
         self.api_faults = ApiFaults()
         # The clients' allocation directories; `local` runs execs there as real processes.
         self.sandboxes = Sandboxes(self.store, exec_mode)
@@ -316,6 +318,7 @@ class Simulator:
         self.scheduler.lose_state()
         self.job_registry.lose_state()
         self.variable_registry.lose_state()
+        self.namespace_registry.lose_state()
         self.node_registry.rejoin()
 
     # ================================================================== inspection
