@@ -225,8 +225,17 @@ async def test_dispatch_plan_revert_and_versions(client: Client, sim: Simulator)
 
     await client.register(service_job("rv", count=1))
     await client.register(service_job("rv", count=2))
+    await wait_until(lambda: len(sim.allocations("rv")) == 2)
     status, plan, _ = await client.post("/v1/job/rv/plan", {"Job": service_job("rv", count=3)})
-    assert status == 200 and plan["Annotations"]["DesiredTGUpdates"]["g"]["Place"] == 3
+    # The two there are kept, one more is placed; it fits, so no eval would be blocked.
+    updates = plan["Annotations"]["DesiredTGUpdates"]["g"]
+    assert status == 200 and (updates["Place"], updates["Ignore"]) == (1, 2)
+    assert (plan["FailedTGAllocs"], plan["CreatedEvals"]) == (None, None)
+    sim.no_capacity(True)
+    _, plan, _ = await client.post("/v1/job/rv/plan", {"Job": service_job("rv", count=3)})
+    assert plan["FailedTGAllocs"]["g"]["CoalescedFailures"] == 0
+    assert [e["Status"] for e in plan["CreatedEvals"]] == ["blocked"]
+    sim.no_capacity(False)
     status, text, _ = await client.post(
         "/v1/job/rv/revert", {"JobVersion": 0, "EnforcePriorVersion": 0}
     )

@@ -7,6 +7,12 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from controller.lab.simulator.jobs import RegisterOptions
+from controller.lab.simulator.jobspec import (
+    canonicalize,
+    multierror,
+    spec_of,
+    validation_errors,
+)
 from controller.lab.simulator.routes import (
     NOT_AN_OBJECT,
     EncodedStubs,
@@ -48,6 +54,7 @@ class JobRoutes(RouteGroup):
 
     def register(self, r: AddRoute) -> None:
         r(r"/v1/jobs", GET=self.jobs_list, **put_or_post(self.job_register))
+        r(r"/v1/validate/job", **put_or_post(self.job_validate))
         reads = (
             "allocations",
             "evaluations",
@@ -64,6 +71,7 @@ class JobRoutes(RouteGroup):
             if suffix == "scale":
                 methods["GET"] = self.job_scale_status
             r(rf"/v1/job/(?P<id>.+)/{suffix}", **methods)
+        r(r"/v1/job/(?P<id>.+)/periodic/force", **put_or_post(self.job_periodic_force))
         r(
             r"/v1/job/(?P<id>.+)",
             **object_methods(self.job_read, self.job_register, self.job_deregister),
@@ -116,6 +124,38 @@ class JobRoutes(RouteGroup):
         out = self.sim.register_job(body["Job"], ns, enforce, jmi, options=options)
         self._audit(request, "register", ns, body["Job"].get("ID", ""), body["Job"])
         return write_reply(out)
+
+    async def job_validate(
+        self, request: web.Request, p: dict[str, str], t: JSON | None
+    ) -> web.Response:
+        body = await read_object(request)
+        raw = body.get("Job")
+        if not isinstance(raw, dict):
+            raise bad_request("Job must be specified")
+        ns = request.query.get("namespace") or raw.get("Namespace") or "default"
+        self.sim.require(t, ns, "read-job")
+        job = {
+            "Region": "global",
+            "Type": "service",
+            "Datacenters": ["*"],
+            **{k: v for k, v in raw.items() if v is not None},
+            "Namespace": ns,
+        }
+        job.setdefault("Name", job.get("ID") or "")
+        errors = validation_errors(job)
+        if not errors:
+            try:
+                canonicalize(job, ns)
+            except ApiError as exc:
+                errors = [exc.message]
+        return reply(
+            {
+                "DriverConfigValidated": True,
+                "ValidationErrors": errors or None,
+                "Error": multierror(errors) if errors else "",
+                "Warnings": "",
+            }
+        )
 
     async def _blocking_job_read(
         self, request: web.Request, p: dict[str, str], *tables: str
@@ -240,33 +280,37 @@ class JobRoutes(RouteGroup):
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
         body = await self._job_body(request, p["id"])
-        rec = self.sim.jobs.get((namespace_of(request), p["id"]))
-        updates = {
-            g.get("Name", ""): {
-                "Place": g.get("Count", 1),
-                "Ignore": 0,
-                "Stop": 0,
-                "Migrate": 0,
-                "InPlaceUpdate": 0,
-                "DestructiveUpdate": 0,
-            }
-            for g in body["Job"].get("TaskGroups") or []
-            if isinstance(g, dict)
-        }
+        namespace = request.query.get("namespace") or body["Job"].get("Namespace") or "default"
+        rec = self.sim.jobs.get((namespace, p["id"]))
+        job = canonicalize(body["Job"], namespace)
+        if rec is not None:
+            job.update(Version=rec.job["Version"])
+        current = rec.job if rec is not None else None
+        planned = self.sim.scheduler.plan(job, current)
+        if body.get("Diff"):
+            kind = "Added" if current is None else "None"
+            if current is not None and spec_of(current) != spec_of(job):
+                kind = "Edited"
+            planned["Diff"] = {"Type": kind, "ID": job["ID"], "Fields": None, "Objects": None}
+        else:
+            planned["Diff"] = None
         jmi = rec.job["JobModifyIndex"] if rec else 0
         return reply(
             {
-                "Index": jmi,
+                "Index": self.sim.index,
                 "JobModifyIndex": jmi,
-                "Diff": {"Type": "None"} if body.get("Diff") else None,
-                "Annotations": {"DesiredTGUpdates": updates, "PreemptedAllocs": None},
-                "FailedTGAllocs": None,
-                "CreatedEvals": None,
+                **planned,
                 "Warnings": "",
                 "NextPeriodicLaunch": "0001-01-01T00:00:00Z",
             },
             self.sim.index,
         )
+
+    async def job_periodic_force(
+        self, request: web.Request, p: dict[str, str], t: JSON | None
+    ) -> web.Response:
+        out = self.sim.job_registry.force_periodic(p["id"], namespace_of(request))
+        return write_reply(out)
 
     async def job_dispatch(
         self, request: web.Request, p: dict[str, str], t: JSON | None

@@ -63,6 +63,7 @@ RULES: dict[str, Rule] = {
     "AgentRoutes.namespace_delete": MANAGEMENT,
     "JobRoutes.jobs_list": IN_HANDLER,  # list-jobs; `namespace=*` lists the allowed ones
     "JobRoutes.job_register": IN_HANDLER,  # submit-job in the job's namespace
+    "JobRoutes.job_validate": IN_HANDLER,  # read-job in the job's namespace
     "JobRoutes.job_read": READ_JOB,
     "JobRoutes.job_deregister": SUBMIT_JOB,
     "JobRoutes.job_allocations": READ_JOB,
@@ -75,6 +76,7 @@ RULES: dict[str, Rule] = {
     "JobRoutes.job_evaluate": READ_JOB,
     "JobRoutes.job_plan": SUBMIT_JOB,
     "JobRoutes.job_dispatch": namespace("dispatch-job"),
+    "JobRoutes.job_periodic_force": namespace("dispatch-job", "submit-job"),
     "JobRoutes.job_revert": SUBMIT_JOB,
     "JobRoutes.job_stable": SUBMIT_JOB,
     "JobRoutes.job_scale": namespace("scale-job", "submit-job"),

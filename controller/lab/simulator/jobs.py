@@ -253,6 +253,36 @@ class JobRegistry:
             "LastContact": 0,
         }
 
+    def force_periodic(self, job_id: str, namespace: str) -> JSON:
+        """Nomad's Periodic.Force: launch the periodic job now, as a child job
+        `<id>/periodic-<unix time>` (the periodic block removed) with its eval. A second
+        launch in the same second is the same child: registered again, a new eval."""
+        rec = self.store.jobs.get((namespace, job_id))
+        if rec is None:
+            raise ApiError(500, "job not found")
+        parent = rec.job
+        if not parent.get("Periodic"):
+            raise ApiError(500, "can't force launch non-periodic job")
+        if parent.get("Stop") or not parent["Periodic"].get("Enabled", True):
+            raise ApiError(
+                500,
+                f'force launch for job "{job_id}" failed: '
+                f'can\'t force run non-tracked job "{job_id}" ({namespace})',
+            )
+        child_id = f"{job_id}/periodic-{now_ns() // 10**9}"
+        child = {
+            k: v
+            for k, v in parent.items()
+            if k not in ("Periodic", "Version", "Status", "CreateIndex", "ModifyIndex")
+        }
+        child.update(ID=child_id, Name=child_id, ParentID=job_id)
+        out = self.register_job(copy.deepcopy(child), namespace, trigger="periodic-job")
+        return {
+            "EvalID": out["EvalID"],
+            "EvalCreateIndex": out["EvalCreateIndex"],
+            "Index": out["EvalCreateIndex"],
+        }
+
     def revert_job(self, job_id: str, namespace: str, version: int, enforce: Any) -> JSON:
         rec = self.record(namespace, job_id)
         if enforce is not None and enforce != rec.job["Version"]:

@@ -12,19 +12,13 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from controller.lab.simulator.jobspec import multierror
 from controller.lab.simulator.store import TERMINAL, Store
 from controller.lab.simulator.util import JSON, ApiError, bad_request
 
 DEFAULT = "default"
 _VALID_NAME = re.compile(r"^[a-zA-Z0-9-]{1,128}$")
 _MAX_DESCRIPTION = 256
-
-
-def _multierror(errors: list[str]) -> str:
-    """Go's multierror text, as Nomad's RPC errors carry it."""
-    listed = "".join(f"\t* {e}\n" for e in errors)
-    noun = "error" if len(errors) == 1 else "errors"
-    return f"{len(errors)} {noun} occurred:\n{listed}\n"
 
 
 class NamespaceRegistry:
@@ -56,7 +50,7 @@ class NamespaceRegistry:
         if len(str(body.get("Description") or "")) > _MAX_DESCRIPTION:
             errors.append(f"description longer than {_MAX_DESCRIPTION}")
         if errors or not isinstance(name, str):
-            raise ApiError(500, f'Invalid namespace "{name}": {_multierror(errors)}')
+            raise ApiError(500, f'Invalid namespace "{name}": {multierror(errors)}')
         txn = self.store.txn("NamespaceUpserted")
         old = self.namespaces.get(name)
         namespace = _namespace(body, old["CreateIndex"] if old else txn.index, txn.index)
@@ -79,7 +73,7 @@ class NamespaceRegistry:
                 if present
             ]
             if problems:
-                raise ApiError(500, _multierror(problems))
+                raise ApiError(500, multierror(problems))
         txn = self.store.txn("NamespaceDeleted")
         self.namespaces.pop(name, None)
         txn.tables.add("namespaces")

@@ -104,15 +104,7 @@ class Scheduler:
         if not placed and not stopped and not followups:
             txn.etype = "EvaluationUpdated"
         if missing:
-            failed = {
-                tg: {
-                    "NodesEvaluated": len(store.nodes),
-                    "NodesExhausted": len(store.nodes),
-                    "DimensionExhausted": {"cpu or memory": n},
-                    "CoalescedFailures": n - 1,
-                }
-                for tg, n in missing.items()
-            }
+            failed = {tg: self.failed_metric(n) for tg, n in missing.items()}
             if rec is not None:
                 rec.queued = dict(missing)
             if was_blocked:
@@ -147,6 +139,71 @@ class Scheduler:
                 self.clients.stop_soon(alloc["ID"])
         for follow_id, delay in followups:
             self.schedule(follow_id, delay)
+
+    def failed_metric(self, failures: int) -> JSON:
+        """The AllocMetric of a group's failed placements (FailedTGAllocs)."""
+        nodes = len(self.store.nodes)
+        return {
+            "NodesEvaluated": nodes,
+            "NodesExhausted": nodes,
+            "DimensionExhausted": {"cpu or memory": failures},
+            "CoalescedFailures": failures - 1,
+        }
+
+    def plan(self, job: JSON, current: JSON | None) -> JSON:
+        """What registering `job` would do now, applying nothing (Nomad's Job.Plan): the
+        updates per group, the placements that would fail, and the blocked eval that
+        would then be created. `current` is the registered version, if any."""
+        key = (job["Namespace"], job["ID"])
+        allocs = self.store.allocs
+        live = [
+            allocs[a]
+            for a in self.store.job_allocs.get(key, ())
+            if allocs[a]["DesiredStatus"] == "run" and allocs[a]["ClientStatus"] not in TERMINAL
+        ]
+        updates: JSON = {}
+        failed: JSON = {}
+        for group in job["TaskGroups"]:
+            name, count = group["Name"], group["Count"]
+            mine = [a for a in live if a["TaskGroup"] == name]
+            kept = min(len(mine), count)
+            changed = current is not None and group_key(current, name) != group_key(job, name)
+            place = 0 if job.get("Stop") else max(count - len(mine), 0)
+            updates[name] = {
+                "Ignore": 0 if changed or job.get("Stop") else kept,
+                "Place": place,
+                "Migrate": 0,
+                "Stop": len(mine) if job.get("Stop") else len(mine) - kept,
+                "InPlaceUpdate": 0,
+                "DestructiveUpdate": kept if changed and not job.get("Stop") else 0,
+                "Canary": 0,
+                "Preemptions": 0,
+            }
+            cpu, mem = group_resources(group)
+            failures = place - self.placement.count_fitting(place, cpu, mem)
+            if failures > 0:
+                failed[name] = self.failed_metric(failures)
+        created = None
+        if failed:
+            created = [
+                {
+                    "ID": self.store.new_id(),
+                    "Namespace": job["Namespace"],
+                    "Priority": job["Priority"],
+                    "Type": job["Type"],
+                    "TriggeredBy": "queued-allocs",
+                    "JobID": job["ID"],
+                    "JobModifyIndex": current["JobModifyIndex"] if current else 0,
+                    "Status": "blocked",
+                    "StatusDescription": "created to place remaining allocations",
+                    "FailedTGAllocs": failed,
+                }
+            ]
+        return {
+            "Annotations": {"DesiredTGUpdates": updates, "PreemptedAllocs": None},
+            "FailedTGAllocs": failed or None,
+            "CreatedEvals": created,
+        }
 
     def _reconcile(
         self, txn: Txn, key: JobKey, job: JSON | None, ev: JSON
