@@ -88,10 +88,16 @@ class NodeRoutes(RouteGroup):
     ) -> web.Response:
         node_id = self._node_id(p)
         body = await read_json(request, required=False)
+        meta: dict[str, str] | None = None
         if body is None:
             # Old clients send ?enable= without a body.
             enable, deadline, eligible = parse_bool(request, "enable"), 0.0, False
         elif isinstance(body, dict):
+            meta = body.get("Meta") or None
+            if meta is not None and not (
+                isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())
+            ):
+                raise bad_request("Failed to decode request body: Meta must map strings")
             spec = body.get("DrainSpec")
             if spec is not None and not isinstance(spec, dict):
                 raise bad_request("Failed to decode request body: DrainSpec must be an object")
@@ -103,7 +109,8 @@ class NodeRoutes(RouteGroup):
             eligible = bool(body.get("MarkEligible"))
         else:
             raise bad_request(NOT_AN_OBJECT)
-        out = await self.sim.drain_node(node_id, deadline, enable, eligible)
+        accessor = t["AccessorID"] if t is not None else ""
+        out = await self.sim.drain_node(node_id, deadline, enable, eligible, meta, accessor)
         return write_reply(out)
 
     async def node_elig(

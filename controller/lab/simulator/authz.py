@@ -48,6 +48,7 @@ READ_JOB = namespace("read-job")
 ALLOC_EXEC = "alloc-exec"
 ALLOC_NODE_EXEC = "alloc-node-exec"  # as well, for a task whose driver isolates nothing
 READ_FS = "read-fs"
+READ_LOGS = "read-logs"
 SUBMIT_JOB = namespace("submit-job")
 
 RULES: dict[str, Rule] = {

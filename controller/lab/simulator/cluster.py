@@ -66,6 +66,7 @@ class Simulator:
         self.api_faults = ApiFaults()
         # The clients' allocation directories; `local` runs execs there as real processes.
         self.sandboxes = Sandboxes(self.store, exec_mode)
+        self.clients.write_log = self.sandboxes.write_log  # a mock_driver task's output
         self.write_latency_ms = write_latency_ms
         self.heartbeat_seconds = heartbeat_seconds  # of the event stream
         self.advertise = "127.0.0.1"
@@ -191,12 +192,14 @@ class Simulator:
         deadline_seconds: float | None = 3600.0,
         enable: bool = True,
         mark_eligible: bool = False,
+        meta: dict[str, str] | None = None,
+        accessor_id: str = "",
     ) -> JSON:
         """Drain a node, or with `enable=False` stop draining it: the drain API, and a
         fault (/_sim/drain_node)."""
         if enable:
-            return self.node_registry.start_drain(node_name, deadline_seconds)
-        return self.node_registry.stop_drain(node_name, mark_eligible)
+            return self.node_registry.start_drain(node_name, deadline_seconds, meta, accessor_id)
+        return self.node_registry.stop_drain(node_name, mark_eligible, meta, accessor_id)
 
     def set_eligibility(self, node_id: str, eligible: bool) -> JSON:
         return self.node_registry.set_eligibility(node_id, eligible)

@@ -55,4 +55,5 @@ async def start_sim(
         sim.advertise = host
     scheme = "https" if ssl_context is not None else "http"
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    sim.node_registry.serve_clients_at(f"{shown}:{bound}")
     return SimServer(sim, runner, host, bound, f"{scheme}://{shown}:{bound}")

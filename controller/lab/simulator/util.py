@@ -108,6 +108,11 @@ def iso_now() -> str:
     return _iso(now_ns(), fraction=True)
 
 
+def iso_seconds() -> str:
+    """Now in whole seconds, as Nomad's node times (drain metadata, node events) show."""
+    return _iso(now_ns(), fraction=False)
+
+
 def iso_after(seconds: float | None) -> str:
     return _iso(now_ns() + int((seconds or 0) * 1e9), fraction=False)
 

@@ -106,12 +106,13 @@ def node_stub(node: JSON, resources: bool, os_attr: bool) -> JSON:
         "Status": node["Status"],
         "StatusDescription": node["StatusDescription"],
         "Drivers": node["Drivers"],
-        "LastDrain": None,
+        "LastDrain": node.get("LastDrain"),
         "CreateIndex": node["CreateIndex"],
         "ModifyIndex": node["ModifyIndex"],
     }
     if resources:
         stub["NodeResources"] = node["NodeResources"]
+        stub["ReservedResources"] = node["ReservedResources"]
     return stub
 
 
