@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from controller.lab.simulator.hoststats import host_stats
 from controller.lab.simulator.routes import (
     NOT_AN_OBJECT,
     RouteGroup,
@@ -11,7 +12,7 @@ from controller.lab.simulator.routes import (
     put_or_post,
     write_reply,
 )
-from controller.lab.simulator.util import JSON, bad_request, not_found
+from controller.lab.simulator.util import JSON, ApiError, bad_request, not_found
 from controller.lab.simulator.views import alloc_full, node_stub
 from controller.lab.simulator.wire import (
     AddRoute,
@@ -30,7 +31,9 @@ class NodeRoutes(RouteGroup):
         r(r"/v1/node/(?P<id>[^/]+)/drain", **put_or_post(self.node_drain))
         r(r"/v1/node/(?P<id>[^/]+)/eligibility", **put_or_post(self.node_elig))
         r(r"/v1/node/(?P<id>[^/]+)/evaluate", **put_or_post(self.node_evaluate))
+        r(r"/v1/node/(?P<id>[^/]+)/purge", **put_or_post(self.node_purge))
         r(r"/v1/node/(?P<id>[^/]+)", GET=self.node_read)
+        r(r"/v1/client/stats", GET=self.client_stats)
 
     def _node_id(self, p: dict[str, str]) -> str:
         """The ID of the node the path names; 404 unless that node exists."""
@@ -129,3 +132,24 @@ class NodeRoutes(RouteGroup):
     ) -> web.Response:
         out = self.sim.evaluate_node(self._node_id(p))
         return write_reply(out)
+
+    async def node_purge(
+        self, request: web.Request, p: dict[str, str], t: JSON | None
+    ) -> web.Response:
+        return write_reply(self.sim.node_registry.purge(p["id"]))
+
+    async def client_stats(
+        self, request: web.Request, p: dict[str, str], t: JSON | None
+    ) -> web.Response:
+        """A client's host statistics, through the server: the simulated clients all run
+        on this host, so these are this host's memory and the disk of the allocation
+        directories (no per-CPU figures)."""
+        node_id = request.query.get("node_id", "")
+        if not node_id:
+            raise bad_request("No local Node and node_id not provided")
+        node = self.sim.nodes.get(node_id)
+        if node is None:
+            raise ApiError(404, f"Unknown node {node_id}")
+        if node["Status"] == "down":
+            raise ApiError(404, "No path to node")
+        return reply(host_stats(self.sim.sandboxes.root_dir()))

@@ -96,6 +96,8 @@ RULES: dict[str, Rule] = {
     "NodeRoutes.node_drain": coarse("node", write=True),
     "NodeRoutes.node_elig": coarse("node", write=True),
     "NodeRoutes.node_evaluate": coarse("node", write=True),
+    "NodeRoutes.client_stats": coarse("node"),
+    "NodeRoutes.node_purge": coarse("node", write=True),
     "EventRoutes.event_stream": IN_HANDLER,  # per topic
     "VariableRoutes.vars_list": IN_HANDLER,  # `list` per path; others are left out
     "VariableRoutes.var_read": IN_HANDLER,  # `read` on the path

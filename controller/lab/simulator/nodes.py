@@ -7,6 +7,7 @@ from controller.lab.simulator.scheduler import STOP_MIGRATING, Scheduler
 from controller.lab.simulator.store import TERMINAL, JobKey, Store, Txn
 from controller.lab.simulator.util import (
     JSON,
+    ApiError,
     bad_request,
     iso_after,
     iso_now,
@@ -310,6 +311,46 @@ class NodeRegistry:
         node, txn = self._new_status(node_name, "down", "node heartbeat missed")
         evals = self._node_evals(txn, node["ID"], "node-update")
         self._commit_and_schedule(txn, evals)
+
+    def purge(self, node_id: str) -> JSON:
+        """Nomad's Node.Deregister: the node is gone (a NodeDeregistration), its jobs get
+        node-update evals that find its allocations lost. Its client, still running,
+        registers the node again at its next heartbeat (here: after the start delay),
+        with the same ID; until then reads still show the node, marked down."""
+        node = self.store.nodes.get(node_id)
+        if node is None:
+            raise ApiError(500, "node not found")
+        txn = self.store.txn("NodeDeregistration")
+        node["Status"] = "down"
+        node["StatusDescription"] = "node deregistered"
+        txn.node(node)
+        evals = self._node_evals(txn, node_id, "node-update")
+        self._commit_and_schedule(txn, evals)
+        self._draining.pop(node_id, None)
+        self.store.later(self.clients.start_delay, self._register_again, node_id)
+        return {
+            "EvalIDs": [e["ID"] for e in evals] or None,
+            "EvalCreateIndex": txn.index if evals else 0,
+            "NodeModifyIndex": txn.index,
+            "Index": txn.index,
+        }
+
+    def _register_again(self, node_id: str) -> None:
+        node = self.store.nodes[node_id]
+        txn = self.store.txn("NodeRegistration")
+        node.update(
+            Status="ready",
+            StatusDescription="",
+            Drain=False,
+            DrainStrategy=None,
+            SchedulingEligibility="eligible",
+            CreateIndex=txn.index,
+            StatusUpdatedAt=now_ns() // 10**9,
+            Events=[_node_event("Node registered", "Cluster", txn.index)],
+        )
+        txn.node(node)
+        self.store.commit(txn)
+        self.scheduler.request_unblock()
 
     def node_up(self, node_name: str) -> None:
         _, txn = self._new_status(node_name, "ready", "")

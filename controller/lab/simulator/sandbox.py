@@ -207,6 +207,10 @@ class Sandboxes:
             for alloc_id in alloc_ids[: max(len(alloc_ids) - GC_MAX_ALLOCS, 0)]:
                 self._end(alloc_id, lost=False)
 
+    def root_dir(self) -> str:
+        """The folder of every allocation directory (made on first use)."""
+        return self._root_dir()
+
     def _root_dir(self) -> str:
         if not self._root:
             # realpath: the escape check compares resolved paths with this prefix.
