@@ -135,4 +135,8 @@ async def test_index_older_than_buffer_starts_at_oldest(
 
 async def test_bad_topic_is_400(client: Client) -> None:
     status, text, _ = await client.get("/v1/event/stream", topic="Job:a:b")
-    assert (status, text) == (400, "Invalid topic query: Job:a:b")
+    assert (status, text) == (
+        400,
+        "Invalid topic query: error parsing topics: "
+        "Invalid key value pair for topic, topic: Job:a:b",
+    )

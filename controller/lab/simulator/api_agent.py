@@ -11,6 +11,7 @@ from controller.lab.simulator.routes import (
     object_methods,
     put_or_post,
     read_object,
+    write_reply,
 )
 from controller.lab.simulator.util import JSON, ApiError, bad_request
 from controller.lab.simulator.wire import AddRoute, block, floored, reply, text
@@ -29,6 +30,11 @@ class AgentRoutes(RouteGroup):
             **object_methods(self.namespace_read, self.namespace_write, self.namespace_delete),
         )
         r(r"/\.well-known/jwks\.json", GET=self.jwks)
+        r(
+            r"/v1/operator/scheduler/configuration",
+            GET=self.scheduler_config,
+            **put_or_post(self.scheduler_config_set),
+        )
         r(r"/v1/metrics", GET=self.metrics)
 
     async def leader(self, request: web.Request, p: dict[str, str], t: JSON | None) -> web.Response:
@@ -100,6 +106,28 @@ class AgentRoutes(RouteGroup):
         if request.query.get("format") == "prometheus":
             return text(415, "Prometheus is not enabled")
         return reply(self.sim.metrics_summary())
+
+    async def scheduler_config(
+        self, request: web.Request, p: dict[str, str], t: JSON | None
+    ) -> web.Response:
+        config = self.sim.scheduler_config.config
+        index = config["ModifyIndex"]
+        return reply({"SchedulerConfig": config, "Index": index, "KnownLeader": True}, index)
+
+    async def scheduler_config_set(
+        self, request: web.Request, p: dict[str, str], t: JSON | None
+    ) -> web.Response:
+        cas = None
+        if "cas" in request.query:
+            try:
+                cas = int(request.query["cas"])
+            except ValueError:
+                raise bad_request(
+                    f"Error parsing cas value: strconv.ParseUint: parsing "
+                    f'"{request.query["cas"]}": invalid syntax'
+                ) from None
+        out = self.sim.scheduler_config.set(await read_object(request), cas)
+        return write_reply(out)
 
     async def agent_self(
         self, request: web.Request, p: dict[str, str], t: JSON | None

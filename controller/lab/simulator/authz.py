@@ -58,6 +58,8 @@ RULES: dict[str, Rule] = {
     "AgentRoutes.jwks": PUBLIC,
     "AgentRoutes.metrics": PUBLIC,  # Nomad checks no token for its metrics
     "AgentRoutes.agent_self": coarse("agent"),
+    "AgentRoutes.scheduler_config": coarse("operator"),
+    "AgentRoutes.scheduler_config_set": coarse("operator", write=True),
     "AgentRoutes.namespaces": IN_HANDLER,  # lists the namespaces the token may use
     "AgentRoutes.namespace_read": IN_HANDLER,  # a namespace the token may use
     "AgentRoutes.namespace_write": MANAGEMENT,
@@ -86,10 +88,13 @@ RULES: dict[str, Rule] = {
     "AllocRoutes.alloc_read": IN_HANDLER,  # read-job in the allocation's namespace
     "AllocRoutes.alloc_stop": IN_HANDLER,  # alloc-lifecycle in the allocation's namespace
     "AllocRoutes.evals_list": IN_HANDLER,
+    "AllocRoutes.evals_delete": MANAGEMENT,
     "AllocRoutes.eval_read": IN_HANDLER,
     "AllocRoutes.eval_allocs": IN_HANDLER,
     "AllocRoutes.deployments_list": IN_HANDLER,
     "AllocRoutes.deployment_read": IN_HANDLER,
+    "AllocRoutes.deployment_allocs": IN_HANDLER,  # read-job in the deployment's namespace
+    "AllocRoutes.deployment_update": IN_HANDLER,  # submit-job in the deployment's namespace
     "NodeRoutes.nodes_list": coarse("node"),
     "NodeRoutes.node_read": coarse("node"),
     "NodeRoutes.node_allocs": coarse("node"),

@@ -12,10 +12,12 @@ from controller.lab.simulator.acl_policy import Permissions
 from controller.lab.simulator.api import ApiFaults
 from controller.lab.simulator.audit import WriteAudit
 from controller.lab.simulator.clients import Clients
+from controller.lab.simulator.deployments import Deployments
 from controller.lab.simulator.jobs import JobRegistry
 from controller.lab.simulator.keyring import Keyring
 from controller.lab.simulator.namespaces import NamespaceRegistry
 from controller.lab.simulator.nodes import NodeRegistry
+from controller.lab.simulator.operator import SchedulerConfig
 from controller.lab.simulator.sandbox import Sandboxes
 from controller.lab.simulator.scheduler import Scheduler
 from controller.lab.simulator.store import JobKey, JobRecord, Store
@@ -62,7 +64,11 @@ class Simulator:
         self.variable_registry = VariableRegistry(self.store, lock_time_scale)
         self.acl = Acl(self.store, acl_enabled)
         self.keyring = Keyring(seed)
+        self.deployment_ops = Deployments(self.store, self.scheduler)
         self.namespace_registry = NamespaceRegistry(self.store, lambda: self.variable_registry.vars)
+        # Written with the default namespace, in the leader's first apply.
+        first = self.namespace_registry.namespaces["default"]["CreateIndex"]
+        self.scheduler_config = SchedulerConfig(self.store, self.scheduler, first)
         self.api_faults = ApiFaults()
         # The clients' allocation directories; `local` runs execs there as real processes.
         self.sandboxes = Sandboxes(self.store, exec_mode)

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from controller.lab.simulator.deployments import ACTIVE
 from controller.lab.simulator.jobspec import canonicalize, spec_of
 from controller.lab.simulator.scheduler import Scheduler
 from controller.lab.simulator.store import JobKey, JobRecord, Store
@@ -15,8 +16,6 @@ from controller.lab.simulator.util import JSON, ApiError, bad_request, not_found
 
 ENFORCE_PREFIX = "Enforcing job modify index"
 SCALING_EVENTS_KEPT = 20  # per task group (Nomad's JobTrackedScalingEvents)
-# The deployment statuses that block a scaling (structs.Deployment.Active).
-ACTIVE_DEPLOYMENT = frozenset({"running", "paused", "pending", "blocked", "unblocking"})
 
 
 class JobRegistry:
@@ -377,9 +376,7 @@ class JobRegistry:
             )
         if rec.deployment_ids:
             latest = self.store.deployments[rec.deployment_ids[-1]]
-            if latest["Status"] in ACTIVE_DEPLOYMENT and (
-                latest["JobCreateIndex"] == rec.create_index
-            ):
+            if latest["Status"] in ACTIVE and (latest["JobCreateIndex"] == rec.create_index):
                 raise bad_request("job scaling blocked due to active deployment")
         if body.get("JobModifyIndex"):
             _enforce(rec, int(body["JobModifyIndex"]))

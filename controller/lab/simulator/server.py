@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from dataclasses import dataclass
 
@@ -20,8 +21,11 @@ class SimServer:
     url: str
 
     async def stop(self) -> None:
-        # Streams, blocking queries and exec sessions would otherwise hold the shutdown open.
-        self.sim.disconnect_event_streams()
+        # Event streams end as an agent that shuts down ends them: their bodies end (the
+        # client reads EOF), rather than being cut. Blocking queries and exec sessions
+        # would otherwise hold the shutdown open.
+        self.sim.broker.close()
+        await asyncio.sleep(0)  # the streams write their end
         self.sim.shutdown()
         await self.runner.cleanup()
 
