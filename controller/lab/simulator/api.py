@@ -185,6 +185,8 @@ class Api:
         token = self.sim.token_for(secret) if secret else ANONYMOUS_TOKEN
         if token is None:
             raise denied()
+        if self.sim.acl.expired(token):
+            raise ApiError(403, "ACL token expired")
         return token
 
     def allows(self, token: JSON | None, namespace: str, capability: str) -> bool:

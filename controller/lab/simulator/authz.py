@@ -114,6 +114,13 @@ RULES: dict[str, Rule] = {
     "AclRoutes.acl_token_self": ANY_TOKEN,
     "AclRoutes.acl_token_read": MANAGEMENT,
     "AclRoutes.acl_token_delete": MANAGEMENT,
+    "AclRoutes.acl_one_time_token": ANY_TOKEN,  # for the caller's own token
+    "AclRoutes.acl_one_time_exchange": PUBLIC,
+    "AclRoutes.acl_roles": IN_HANDLER,  # a client token sees its own roles
+    "AclRoutes.acl_role_read": IN_HANDLER,  # ... and may read them
+    "AclRoutes.acl_role_by_name": IN_HANDLER,
+    "AclRoutes.acl_role_write": MANAGEMENT,
+    "AclRoutes.acl_role_delete": MANAGEMENT,
     "AclRoutes.acl_policies": IN_HANDLER,  # a client token sees its own policies
     "AclRoutes.acl_policy_read": IN_HANDLER,  # ... and may read them
     "AclRoutes.acl_policy_put": MANAGEMENT,
