@@ -22,6 +22,8 @@ class AgentRoutes(RouteGroup):
         r(r"/v1/status/leader", GET=self.leader)
         r(r"/v1/status/peers", GET=self.peers)
         r(r"/v1/agent/self", GET=self.agent_self)
+        r(r"/v1/agent/health", GET=self.agent_health)
+        r(r"/v1/agent/members", GET=self.agent_members)
         r(r"/v1/regions", GET=self.regions)
         r(r"/v1/namespaces", GET=self.namespaces)
         r(r"/v1/namespace", **put_or_post(self.namespace_write))
@@ -141,16 +143,42 @@ class AgentRoutes(RouteGroup):
                     "Version": {"Version": "1.9.7", "VersionPrerelease": "", "Revision": "sim"},
                     "ACL": {"Enabled": self.sim.acl_enabled},
                 },
-                "member": {
-                    "Name": "sim-server.global",
-                    "Addr": self.sim.advertise,
-                    "Port": 4648,
-                    "Status": "alive",
-                    "Tags": {"region": "global", "dc": "dc1", "build": "1.9.7", "role": "nomad"},
-                },
+                "member": self._member(),
                 "stats": {"nomad": {"leader": "true", "server": "true"}},
             }
         )
+
+    def _member(self) -> JSON:
+        """The one server, as its gossip (serf) member."""
+        return {
+            "Name": "sim-server.global",
+            "Addr": self.sim.advertise,
+            "Port": 4648,
+            "Status": "alive",
+            "Tags": {"region": "global", "dc": "dc1", "build": "1.9.7", "role": "nomad"},
+        }
+
+    async def agent_members(
+        self, request: web.Request, p: dict[str, str], t: JSON | None
+    ) -> web.Response:
+        return reply(
+            {
+                "ServerName": "sim-server",
+                "ServerRegion": "global",
+                "ServerDC": "dc1",
+                "Members": [self._member()],
+            }
+        )
+
+    async def agent_health(
+        self, request: web.Request, p: dict[str, str], t: JSON | None
+    ) -> web.Response:
+        """The agent's health: its server, and its client when it runs one (a node)."""
+        healthy = {"ok": True, "message": "ok"}
+        body: JSON = {"server": healthy}
+        if self.sim.nodes:
+            body["client"] = healthy
+        return reply(body)
 
 
 def _namespace_name(p: dict[str, str]) -> str:

@@ -58,6 +58,8 @@ RULES: dict[str, Rule] = {
     "AgentRoutes.jwks": PUBLIC,
     "AgentRoutes.metrics": PUBLIC,  # Nomad checks no token for its metrics
     "AgentRoutes.agent_self": coarse("agent"),
+    "AgentRoutes.agent_health": PUBLIC,
+    "AgentRoutes.agent_members": coarse("node"),
     "AgentRoutes.scheduler_config": coarse("operator"),
     "AgentRoutes.scheduler_config_set": coarse("operator", write=True),
     "AgentRoutes.namespaces": IN_HANDLER,  # lists the namespaces the token may use

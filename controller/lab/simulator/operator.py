@@ -31,6 +31,7 @@ class SchedulerConfig:
             "MemoryOversubscriptionEnabled": False,
             "RejectJobRegistration": False,
             "PauseEvalBroker": False,
+            "NodeLimitForFeasibilityChecks": 0,
             "CreateIndex": index,
             "ModifyIndex": index,
         }
@@ -48,11 +49,13 @@ class SchedulerConfig:
         txn = self.store.txn("SchedulerConfigUpdated")
         txn.tables.add("scheduler_config")
         updated = cas is None or cas == self.config["ModifyIndex"]
+        node_limit = int(body.get("NodeLimitForFeasibilityChecks") or 0)
         if updated:
             self.config = {
                 "SchedulerAlgorithm": algorithm,
                 "PreemptionConfig": {k: bool(preemption.get(k)) for k in _PREEMPTION},
                 **{k: bool(body.get(k)) for k in _FLAGS},
+                "NodeLimitForFeasibilityChecks": node_limit,
                 "CreateIndex": self.config["CreateIndex"],
                 "ModifyIndex": txn.index,
             }

@@ -197,6 +197,7 @@ class Scheduler:
         else:
             store.commit(plan)
         txn = store.txn("EvaluationUpdated")
+        failed = {tg: self.failed_metric(n) for tg, n in missing.items()}
         blocked = self.new_eval(
             txn,
             job or {"Namespace": key[0], "ID": key[1]},
@@ -204,6 +205,7 @@ class Scheduler:
             Status="blocked",
             StatusDescription="created to place remaining allocations",
             PreviousEval=ev["ID"],
+            FailedTGAllocs=failed,
         )
         stale = self.blocked.get(key)
         if stale is not None and stale in store.evals:
@@ -211,7 +213,6 @@ class Scheduler:
         self.blocked[key] = blocked["ID"]
         store.commit(txn)
         txn = store.txn("EvaluationUpdated")
-        failed = {tg: self.failed_metric(n) for tg, n in missing.items()}
         self.close_eval(txn, ev, FailedTGAllocs=failed, BlockedEval=blocked["ID"])
         store.commit(txn)
 
