@@ -40,8 +40,9 @@ kube:
 
 # Nomad's own Go API client tests (the module github.com/hashicorp/nomad/api, pinned in
 # tools/nomad-api-tests/go.mod) against `poolkeeper sim`: a table of each test's outcome;
-# fails when a test of expected-pass.txt does not pass. NOMAD_API_TESTS="-areas poolkeeper"
-# runs only the areas poolkeeper uses, "-run REGEXP" some tests.
+# fails when a test of expected-pass.txt does not pass (docs/simulator.md). Every test that
+# starts an agent by default; NOMAD_API_TESTS="-areas poolkeeper" only the areas poolkeeper
+# uses (what `make test` runs), "-run 'REGEXP' -v" some tests with their failures' output.
 NOMAD_API_TESTS ?=
 nomad-api-tests: $(STAMP)
 	cd tools/nomad-api-tests && PATH="$(CURDIR)/$(BIN):$$PATH" \
@@ -49,6 +50,7 @@ nomad-api-tests: $(STAMP)
 
 test: lint helm promtool haproxy kube
 	$(BIN)/pytest -q
+	$(MAKE) nomad-api-tests NOMAD_API_TESTS="-areas poolkeeper"
 
 # What a change needs first: lint and every test not marked slow (pyproject.toml's markers).
 test-fast: lint helm promtool haproxy kube

@@ -112,15 +112,20 @@ func runSuite(areas, runPattern string, parallel int, bin, expectFile string, ve
 	if err != nil {
 		return err
 	}
-	tests, err := findAgentTests(dir, files)
-	if err != nil {
-		return err
-	}
-	tests, err = selectTests(tests, areas, runPattern)
+	all, err := findAgentTests(dir, files)
 	if err != nil {
 		return err
 	}
 	expected, err := readExpected(expectFile)
+	if err != nil {
+		return err
+	}
+	for name := range expected {
+		if !selected(all, name) {
+			return fmt.Errorf("%s lists %s, which is no test of %s that starts an agent", expectFile, name, apiPackage)
+		}
+	}
+	tests, err := selectTests(all, areas, runPattern)
 	if err != nil {
 		return err
 	}
