@@ -9,8 +9,9 @@
 // The tests that start an agent are found in the module's own test files: the Test
 // functions that reach makeClient, makeACLClient or testutil.NewTestServer. Each belongs
 // to an area (areaOf). expected-pass.txt lists the tests that pass against the simulator;
-// the run fails when one of them does not pass (or no longer exists), and names the tests
-// that pass without being listed.
+// the run fails when one of them fails or does not run (or no longer exists), and names
+// the tests that pass without being listed. A test the module skips itself (some require
+// root) is shown as skipped.
 //
 //	go run . [-areas poolkeeper|all] [-run REGEXP] [-parallel N] [-bin DIR] [-v]
 package main
@@ -108,6 +109,10 @@ func main() {
 
 func runSuite(areas, runPattern string, parallel int, bin, expectFile string, verbose, record bool) error {
 	started := time.Now()
+	bin, err := filepath.Abs(bin)
+	if err != nil {
+		return err
+	}
 	dir, files, err := apiTestFiles()
 	if err != nil {
 		return err
@@ -138,7 +143,8 @@ func runSuite(areas, runPattern string, parallel int, bin, expectFile string, ve
 		names[i] = regexp.QuoteMeta(test.name)
 	}
 	fmt.Printf("nomad-api-tests: %d tests of %s (in %s), %d at a time\n", len(tests), apiPackage, dir, parallel)
-	results, goTestErr := goTest(path, "^("+strings.Join(names, "|")+")$", parallel)
+	logFile := filepath.Join(filepath.Dir(bin), "last-run.jsonl")
+	results, goTestErr := goTest(path, "^("+strings.Join(names, "|")+")$", parallel, logFile)
 	if goTestErr != nil && results == nil {
 		return goTestErr
 	}
@@ -312,7 +318,14 @@ type testEvent struct {
 	Output  string
 }
 
-func goTest(path, pattern string, parallel int) (map[string]*result, error) {
+// goTest runs the tests and reads their outcomes; every line of `go test -json` is kept
+// in logFile, for what the table leaves out (the simulators' own output among it).
+func goTest(path, pattern string, parallel int, logFile string) (map[string]*result, error) {
+	log, err := os.Create(logFile)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = log.Close() }()
 	cmd := exec.Command("go", "test", "-json", "-count=1", "-timeout=20m",
 		fmt.Sprintf("-parallel=%d", parallel), "-run", pattern, apiPackage)
 	cmd.Env = append(os.Environ(), "PATH="+path)
@@ -328,6 +341,7 @@ func goTest(path, pattern string, parallel int) (map[string]*result, error) {
 	scanner := bufio.NewScanner(stdout)
 	scanner.Buffer(make([]byte, 1<<20), 16<<20)
 	for scanner.Scan() {
+		_, _ = log.Write(append(scanner.Bytes(), '\n'))
 		var event testEvent
 		if json.Unmarshal(scanner.Bytes(), &event) != nil || event.Test == "" {
 			continue
@@ -371,6 +385,9 @@ func report(tests []agentTest, results map[string]*result, expected map[string]b
 		}
 		mark := ""
 		switch {
+		case want == "pass" && r.outcome == "skip":
+			// The module's own choice (testutil.RequireRoot, SkipSlow): said, not failed.
+			mark = "  <- skipped by the module itself"
 		case want == "pass" && r.outcome != "pass":
 			mark = "  <- REGRESSION"
 			regressions = append(regressions, test.name)

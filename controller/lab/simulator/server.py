@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 from dataclasses import dataclass
 
@@ -38,8 +39,10 @@ async def start_sim(
     host: str = "127.0.0.1",
     port: int = 0,
     ssl_context: ssl.SSLContext | None = None,
+    listening: socket.socket | None = None,
 ) -> SimServer:
-    """Serve `sim` on host:port (0 picks a free port); returns once it accepts connections."""
+    """Serve `sim` on host:port (0 picks a free port), or on the `listening` socket its
+    starter bound for it; returns once it accepts connections."""
     runner = web.AppRunner(
         build_app(sim),
         access_log=None,
@@ -50,7 +53,12 @@ async def start_sim(
         max_field_size=GO_MAX_HEADER_BYTES,
     )
     await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+    site: web.BaseSite
+    if listening is not None:
+        site = web.SockSite(runner, listening, ssl_context=ssl_context)
+        host, port = listening.getsockname()[:2]
+    else:
+        site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     await site.start()
     server = site._server
     sockets = getattr(server, "sockets", None) or []

@@ -1,9 +1,12 @@
 // Command nomad stands in for Nomad's agent where Nomad's own API tests look for it: their
 // internal/testutil starts `nomad agent -config FILE [-dev]` from PATH and stops it with
 // SIGINT. This program reads the agent configuration testutil writes (JSON) and becomes
-// `poolkeeper sim` (exec, same process, so the signal reaches the simulator) with:
+// `poolkeeper sim` with:
 //
-//   - the HTTP port of `ports.http` on 127.0.0.1 (`--listen`),
+//   - the HTTP port of `ports.http` on 127.0.0.1: this program binds it at once and hands
+//     the listening socket down (`--listen-fd 3`), so that the port testutil picked (and
+//     released) is held within milliseconds rather than after the simulator's start-up,
+//     when another test may have been given the same free port,
 //   - ACLs enforced when `acl.enabled` (`--acl-enabled`),
 //   - one client node named `name` when the agent runs a client (`-dev`, or
 //     `client.enabled`), none otherwise (`--no-client`).
@@ -22,6 +25,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -57,7 +61,15 @@ func main() {
 	if len(args) == 0 || args[0] != "agent" {
 		fail("usage: nomad agent [-dev] -config FILE | nomad -version")
 	}
-	simArgs, err := translate(args[1:])
+	simArgs, port, err := translate(args[1:])
+	if err != nil {
+		fail(err.Error())
+	}
+	listener, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+	if err != nil {
+		fail(err.Error())
+	}
+	socket, err := listener.(*net.TCPListener).File()
 	if err != nil {
 		fail(err.Error())
 	}
@@ -67,11 +79,11 @@ func main() {
 			fail("poolkeeper is not on PATH (or set POOLKEEPER): " + err.Error())
 		}
 	}
-	os.Exit(supervise(program, simArgs))
+	os.Exit(supervise(program, simArgs, listener, socket))
 }
 
-// supervise runs the simulator until it exits, and returns its exit code.
-func supervise(program string, args []string) int {
+// supervise runs the simulator (serving on `socket`) until it exits; its exit code.
+func supervise(program string, args []string, listener net.Listener, socket *os.File) int {
 	// The child's death signal fires when the thread that started it ends: keep this
 	// goroutine on its thread for good, so that only this process's end fires it.
 	runtime.LockOSThread()
@@ -80,10 +92,14 @@ func supervise(program string, args []string) int {
 	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
 	sim := exec.Command(program, args...)
 	sim.Stdout, sim.Stderr = os.Stdout, os.Stderr
+	sim.ExtraFiles = []*os.File{socket} // file descriptor 3
 	sim.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	if err := sim.Start(); err != nil {
 		fail(fmt.Sprintf("cannot run %s: %v", program, err))
 	}
+	// The simulator has its own copy: the port is its alone, and closes with it.
+	_ = socket.Close()
+	_ = listener.Close()
 	exited := make(chan error, 1)
 	go func() { exited <- sim.Wait() }()
 	orphaned := time.NewTicker(200 * time.Millisecond)
@@ -109,32 +125,32 @@ func supervise(program string, args []string) int {
 	}
 }
 
-// translate turns the agent's flags into `poolkeeper sim`'s arguments.
-func translate(args []string) ([]string, error) {
+// translate turns the agent's flags into `poolkeeper sim`'s arguments, and the HTTP port.
+func translate(args []string) ([]string, int, error) {
 	flags := flag.NewFlagSet("nomad agent", flag.ContinueOnError)
 	dev := flags.Bool("dev", false, "a development agent: a server and a client")
 	configFile := flags.String("config", "", "the agent's configuration (JSON)")
 	if err := flags.Parse(args); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if flags.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments %q", flags.Args())
+		return nil, 0, fmt.Errorf("unexpected arguments %q", flags.Args())
 	}
 	if *configFile == "" {
-		return nil, errors.New("-config FILE is required")
+		return nil, 0, errors.New("-config FILE is required")
 	}
 	raw, err := os.ReadFile(*configFile)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	var config agentConfig
 	if err := json.Unmarshal(raw, &config); err != nil {
-		return nil, fmt.Errorf("%s: only JSON agent configurations are understood: %w", *configFile, err)
+		return nil, 0, fmt.Errorf("%s: only JSON agent configurations are understood: %w", *configFile, err)
 	}
 	if config.Ports.HTTP <= 0 {
-		return nil, fmt.Errorf("%s: no ports.http", *configFile)
+		return nil, 0, fmt.Errorf("%s: no ports.http", *configFile)
 	}
-	simArgs := []string{"sim", "--listen", "127.0.0.1:" + strconv.Itoa(config.Ports.HTTP)}
+	simArgs := []string{"sim", "--listen-fd", "3"}
 	if config.ACL.Enabled {
 		simArgs = append(simArgs, "--acl-enabled")
 	}
@@ -149,7 +165,7 @@ func translate(args []string) ([]string, error) {
 	} else {
 		simArgs = append(simArgs, "--no-client")
 	}
-	return simArgs, nil
+	return simArgs, config.Ports.HTTP, nil
 }
 
 func fail(message string) {
