@@ -91,7 +91,7 @@ type result struct {
 func main() {
 	areas := flag.String("areas", "all", "poolkeeper (the areas poolkeeper uses) or all")
 	run := flag.String("run", "", "only the tests whose names match this regular expression")
-	parallel := flag.Int("parallel", 6, "tests run at once (each starts a simulator)")
+	parallel := flag.Int("parallel", 8, "tests run at once (each starts a simulator)")
 	bin := flag.String("bin", "", "where the nomad stand-in is built (required)")
 	expectFile := flag.String("expect", "expected-pass.txt", "the tests that must pass")
 	verbose := flag.Bool("v", false, "print the output of every failed test, not only regressions'")
