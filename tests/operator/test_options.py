@@ -18,7 +18,6 @@ from controller.errors import UsageError
 from controller.operator.options import (
     FINALIZER,
     KOPF_OBJECT_LOGGER,
-    PEERING_LIFETIME_SECONDS,
     HandlerSuccessAtDebug,
     OperatorOptions,
     operator_settings,
@@ -35,23 +34,22 @@ def parse(*argv: str) -> OperatorOptions:
     return options_from_args(build_parser().parse_args(["operator", *argv]))
 
 
-def test_priorities_are_drawn_from_a_wide_range_when_not_given() -> None:
-    drawn = {parse().priority for _ in range(20)}
-    assert len(drawn) == 20  # kopf freezes every replica when two priorities tie
-    assert parse("--priority", "7").priority == 7
-
-
-def test_scope_and_peering_map_to_kopf_settings() -> None:
+def test_scope_maps_to_kopf_settings_and_kopf_never_peers() -> None:
     assert parse("--namespace", "a", "--namespace", "b").namespaces == ("a", "b")
     assert parse("--all-namespaces").namespaces == ()
-    passive_capable = operator_settings(parse("--peering", "poolkeeper"))
-    assert passive_capable.peering.name == "poolkeeper"
-    assert passive_capable.peering.mandatory and not passive_capable.peering.standalone
-    assert passive_capable.peering.lifetime == PEERING_LIFETIME_SECONDS
-    alone = operator_settings(parse())
-    assert alone.peering.standalone and not alone.peering.mandatory
-    assert alone.scanning.disabled
-    assert alone.persistence.finalizer == FINALIZER
+    settings = operator_settings(parse())
+    assert settings.peering.standalone and not settings.peering.mandatory
+    assert settings.scanning.disabled
+    assert settings.persistence.finalizer == FINALIZER
+
+
+@pytest.mark.parametrize("removed", [["--peering", "poolkeeper"], ["--priority", "7"]])
+def test_the_peering_options_are_gone(
+    removed: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        parse(*removed)
+    assert f"unrecognized arguments: {' '.join(removed)}" in capsys.readouterr().err
 
 
 def test_bad_values_are_usage_errors() -> None:

@@ -4,7 +4,11 @@
   croniter (a cron parser: pure computation, no I/O; docs/architecture.md says why);
 - the product never imports the lab (controller.lab: simulator, demo, bench, chaos);
   the CLI names the lab's commands by module path and loads them only when one runs;
-- only controller/operator imports kopf;
+- only controller/operator imports kopf, and only its public API (no `kopf._*` module or
+  attribute: kopf's internals change without notice, docs/operator.md says why);
+- the CRD writer (controller/crd.py, `make crds`) writes the CRD from the model alone: of
+  the controller it imports controller.model only, and no module of the product imports
+  it (a build step, beside the model it describes, not a part of any front door);
 - the engine and the claim protocol know nothing of the front doors (api, poseidon,
   operator, sources, service, standalone);
 - the claim path (claims, executions, the pool directory, the API and the Poseidon API,
@@ -88,6 +92,9 @@ def violations(package_root: Path) -> list[str]:
                 found.append(f"{module} (product) imports the lab: {imported}")
             if top == "kopf" and not within(module, "controller.operator"):
                 found.append(f"{module} imports kopf outside controller.operator")
+            if top == "kopf" and any(part.startswith("_") for part in imported.split(".")):
+                found.append(f"{module} imports kopf's internals: {imported}")
+            found += crd_writer_violations(module, imported)
             if within(module, "controller.engine", "controller.claims") and within(
                 imported, *FRONT_DOORS
             ):
@@ -95,7 +102,29 @@ def violations(package_root: Path) -> list[str]:
             if within(module, *CLAIM_PATH) and within(imported, "controller.engine"):
                 found.append(f"{module} (claim path) imports the engine: {imported}")
             found += poseidon_violations(module, imported)
+        found += [f"{module} uses kopf's internals: kopf.{name}" for name in kopf_internals(path)]
     return found
+
+
+def kopf_internals(path: Path) -> list[str]:
+    """The private names a module reaches through ``kopf.`` (``kopf._core``)."""
+    return [
+        node.attr
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "kopf"
+        and node.attr.startswith("_")
+    ]
+
+
+def crd_writer_violations(module: str, imported: str) -> list[str]:
+    writer = "controller.crd"
+    if within(module, writer) and within(imported, "controller") and imported != "controller.model":
+        return [f"{module} (the CRD writer) imports {imported}: the CRD is the model's alone"]
+    if within(imported, writer) and not within(module, writer):
+        return [f"{module} imports the CRD writer {imported}: it is a build step"]
+    return []
 
 
 # What the Poseidon API may use of the modules it must not reach into.
@@ -189,6 +218,16 @@ def test_the_closure_follows_imports(tmp_path: Path) -> None:
             "controller.api.bad imports kopf outside controller.operator",
         ),
         (
+            "operator/bad.py",
+            "from kopf._core.engines import daemons\n",
+            "controller.operator.bad imports kopf's internals: kopf._core.engines",
+        ),
+        (
+            "operator/bad.py",
+            "import kopf\nhook = kopf._core\n",
+            "controller.operator.bad uses kopf's internals: kopf._core",
+        ),
+        (
             "claims/bad.py",
             "from controller.api.app import create_app\n",
             "controller.claims.bad imports a front door: controller.api.app",
@@ -215,6 +254,17 @@ def test_the_closure_follows_imports(tmp_path: Path) -> None:
             "import controller.poseidon.app\n",
             "controller.api.bad (the poolkeeper API) imports the Poseidon API: "
             "controller.poseidon.app",
+        ),
+        (
+            "crd.py",
+            "from controller.core.status import PoolStatus\n",
+            "controller.crd (the CRD writer) imports controller.core.status: the CRD is the "
+            "model's alone",
+        ),
+        (
+            "operator/bad.py",
+            "from controller.crd import render\n",
+            "controller.operator.bad imports the CRD writer controller.crd: it is a build step",
         ),
         (
             "claims/bad.py",
