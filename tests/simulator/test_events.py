@@ -91,6 +91,7 @@ async def test_namespace_filter(
 ) -> None:
     default_only = await open_stream(topic="Job", after=sim.index)
     every = await open_stream(topic="Job", namespace="*", after=sim.index)
+    await client.put("/v1/namespace/team", {"Name": "team"})
     await client.call("PUT", "/v1/jobs", {"Job": service_job("x")}, namespace="team")
     await client.register(service_job("y"))
     seen: dict[str, str] = {}

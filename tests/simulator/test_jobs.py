@@ -48,6 +48,12 @@ async def test_list_pagination_and_namespaces(client: Client) -> None:
     await client.register(
         service_job("other"),
     )
+    # As in Nomad, a job goes only into a namespace that exists.
+    status, text, _ = await client.call(
+        "PUT", "/v1/jobs", {"Job": service_job("x1")}, namespace="team"
+    )
+    assert (status, text) == (500, 'job "x1" is in nonexistent namespace "team"')
+    assert (await client.put("/v1/namespace/team", {"Name": "team"}))[0] == 200
     await client.call("PUT", "/v1/jobs", {"Job": service_job("x1")}, namespace="team")
     _, page, headers = await client.get("/v1/jobs", per_page=2)
     assert [j["ID"] for j in page] == ["j1", "j2"]

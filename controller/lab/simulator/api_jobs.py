@@ -145,7 +145,7 @@ class JobRoutes(RouteGroup):
         errors = validation_errors(job)
         if not errors:
             try:
-                canonicalize(job, ns)
+                self.sim.job_registry.admit(canonicalize(job, ns))
             except ApiError as exc:
                 errors = [exc.message]
         return reply(
@@ -283,6 +283,7 @@ class JobRoutes(RouteGroup):
         namespace = request.query.get("namespace") or body["Job"].get("Namespace") or "default"
         rec = self.sim.jobs.get((namespace, p["id"]))
         job = canonicalize(body["Job"], namespace)
+        self.sim.job_registry.admit(job)
         if rec is not None:
             job.update(Version=rec.job["Version"])
         current = rec.job if rec is not None else None

@@ -66,6 +66,7 @@ class Simulator:
         self.keyring = Keyring(seed)
         self.deployment_ops = Deployments(self.store, self.scheduler)
         self.namespace_registry = NamespaceRegistry(self.store, lambda: self.variable_registry.vars)
+        self.job_registry.namespace_exists = lambda ns: ns in self.namespace_registry.namespaces
         # Written with the default namespace, in the leader's first apply.
         first = self.namespace_registry.namespaces["default"]["CreateIndex"]
         self.scheduler_config = SchedulerConfig(self.store, self.scheduler, first)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,9 @@ SCALING_EVENTS_KEPT = 20  # per task group (Nomad's JobTrackedScalingEvents)
 
 
 class JobRegistry:
+    # Set by the Simulator: whether a namespace exists (a job may only be in one that does).
+    namespace_exists: Callable[[str], bool] = staticmethod(lambda namespace: True)
+
     def __init__(self, store: Store, scheduler: Scheduler) -> None:
         self.store = store
         self.scheduler = scheduler
@@ -60,6 +64,7 @@ class JobRegistry:
         options = options or RegisterOptions()
         ns = namespace or (raw.get("Namespace") if isinstance(raw, dict) else None) or "default"
         job = canonicalize(raw, ns)
+        self.admit(job)
         key = (ns, job["ID"])
         rec = self.store.jobs.get(key)
         self.store.counters["register_calls"] += 1
@@ -72,6 +77,13 @@ class JobRegistry:
             eval_id, index = self._evaluate(rec, trigger, options.eval_priority)
             return _register_reply(eval_id, index, rec.job["ModifyIndex"], index)
         return self._upsert_job(rec, job, trigger, "JobRegistered", options)
+
+    def admit(self, job: JSON) -> None:
+        """Nomad's admission check of a job to register or plan: its namespace exists."""
+        if not self.namespace_exists(job["Namespace"]):
+            raise ApiError(
+                500, f'job "{job["ID"]}" is in nonexistent namespace "{job["Namespace"]}"'
+            )
 
     def _evaluate(self, rec: JobRecord, trigger: str, priority: int = 0) -> tuple[str, int]:
         """A new eval for the job as it is: (eval ID, index)."""

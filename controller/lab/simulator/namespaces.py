@@ -2,8 +2,8 @@
 
 A write is one apply (no event: Nomad's stream has no namespace topic). As in Nomad, a
 namespace that still holds live jobs, allocations or variables cannot be deleted, nor can
-`default`. Jobs and variables may still be written into a namespace that does not exist
-(docs/simulator.md, known differences).
+`default`, and a job may only be registered into a namespace that exists (the job
+registry asks); variables may be written into any namespace name.
 """
 
 from __future__ import annotations
