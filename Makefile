@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-fast lint crds demo clean helm promtool haproxy kube nomad-api-tests
+.PHONY: venv test test-fast lint crds demo clean helm promtool haproxy kube node image nomad-api-tests
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,17 @@ haproxy:
 kube:
 	scripts/build-kube.sh
 
+# The test node's and the image build's tools, from Debian's packages (podman, containerd,
+# runc, CNI plugins, iptables, debootstrap; see the script): root only. Where they cannot be
+# had, the chart's pod tests are skipped, and say so; CI requires them (.ci/run).
+node:
+	scripts/fetch-node.sh || echo "make node: going on without the node's tools" >&2
+
+# The poolkeeper image from the Dockerfile, with podman (scripts/build-image.sh; a no-op when
+# current). The tests build it when they need it.
+image: node
+	scripts/build-image.sh
+
 # Nomad's own Go API client tests (the module github.com/hashicorp/nomad/api, pinned in
 # tools/nomad-api-tests/go.mod) against `poolkeeper sim`: a table of each test's outcome;
 # fails when a test of expected-pass.txt does not pass (docs/simulator.md). Every test that
@@ -54,12 +65,12 @@ nomad-api-tests: $(STAMP)
 	cd tools/nomad-api-tests && PATH="$(CURDIR)/$(BIN):$$PATH" \
 		go run . -bin "$(CURDIR)/.cache/nomad-api-tests/bin" $(NOMAD_API_TESTS)
 
-test: lint helm promtool haproxy kube
+test: lint helm promtool haproxy kube node
 	$(BIN)/pytest -q
 	$(MAKE) nomad-api-tests NOMAD_API_TESTS="-areas poolkeeper"
 
 # What a change needs first: lint and every test not marked slow (pyproject.toml's markers).
-test-fast: lint helm promtool haproxy kube
+test-fast: lint helm promtool haproxy kube node
 	$(BIN)/pytest -q -m "not slow"
 
 demo: $(STAMP)

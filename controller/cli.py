@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 from collections.abc import Callable, Sequence
 
@@ -145,6 +146,11 @@ def _serving_options(command: argparse.ArgumentParser, listen: str, resync: str)
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="poolkeeper", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {importlib.metadata.version('poolkeeper')}",
+    )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     keep_layout = argparse.RawDescriptionHelpFormatter
 

@@ -26,7 +26,7 @@ from controller.operator.options import (
     default_connect,
     operator_settings,
     options_from_args,
-    quiet_handler_successes,
+    quiet_routine_lines,
 )
 from controller.serving import nomad_config_from_env
 
@@ -80,7 +80,7 @@ async def run(
 ) -> None:
     """One operator replica until SIGTERM/SIGINT (or `stop_flag`): it reconciles from the
     start, the pools whose leases it holds (kopf runs without peering)."""
-    quiet_handler_successes()
+    quiet_routine_lines()
     controller = OperatorController(options, nomad)
     await controller.serve_api(controller.readiness)
     if started is not None:

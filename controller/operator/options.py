@@ -8,7 +8,7 @@ import os
 import re
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 import kopf
@@ -84,28 +84,65 @@ def operator_settings(options: OperatorOptions) -> kopf.OperatorSettings:
 
 
 def default_connect(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo | None:
-    """In a pod: the service account; elsewhere: KUBECONFIG or ~/.kube/config."""
-    return kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
-        settings=settings
-    )
+    """In a pod: the service account, at the API server's address the kubelet puts in the
+    pod's environment (KUBERNETES_SERVICE_HOST and _PORT, as client-go's in-cluster
+    configuration: kopf's https://kubernetes.default.svc would need the cluster's DNS);
+    elsewhere: KUBECONFIG or ~/.kube/config."""
+    in_pod = kopf.login_with_service_account(settings=settings)
+    if in_pod is None:
+        return kopf.login_with_kubeconfig(settings=settings)
+    host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
+    port = os.environ.get("KUBERNETES_SERVICE_PORT", "")
+    if not (host and port):
+        return in_pod
+    address = f"[{host}]" if ":" in host else host
+    return replace(in_pod, server=f"https://{address}:{port}")
 
 
-class HandlerSuccessAtDebug(logging.Filter):
-    """kopf logs "Handler 'observe' succeeded." at INFO for every watch event of every
-    RunnerPool, and has no setting for it: such lines become DEBUG lines (dropped unless
-    DEBUG is on). Failures, retries and everything else keep their level."""
+class _RoutineAtDebug(logging.Filter):
+    """Routine INFO lines a library logs with no setting to stop them become DEBUG lines
+    (dropped unless DEBUG is on). Failures, retries and everything else keep their level."""
+
+    def routine(self, message: str) -> bool:
+        raise NotImplementedError
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno != logging.INFO or not isinstance(record.msg, str):
             return True
-        if not HANDLER_SUCCEEDED.fullmatch(record.msg):
+        if not self.routine(record.msg):
             return True
         record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
         return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
 
 
-def quiet_handler_successes() -> None:
-    """Install HandlerSuccessAtDebug on kopf's object logger (once per process)."""
-    logger = logging.getLogger(KOPF_OBJECT_LOGGER)
-    if not any(isinstance(f, HandlerSuccessAtDebug) for f in logger.filters):
-        logger.addFilter(HandlerSuccessAtDebug())
+class HandlerSuccessAtDebug(_RoutineAtDebug):
+    """kopf logs "Handler 'observe' succeeded." at INFO for every watch event of every
+    RunnerPool."""
+
+    def routine(self, message: str) -> bool:
+        return bool(HANDLER_SUCCEEDED.fullmatch(message))
+
+
+class LivenessProbeAtDebug(_RoutineAtDebug):
+    """kopf's liveness endpoint (--liveness) is an aiohttp server with aiohttp's access log:
+    an INFO line for every probe, every 10 s from the kubelet, whether --access-log is on or
+    not. Probes are DEBUG lines on poolkeeper's own listener too (api/access_log.py)."""
+
+    def routine(self, message: str) -> bool:
+        return True
+
+
+# The logger each filter goes on: kopf's per-object lines, and aiohttp's access lines (in
+# the operator, only kopf's liveness endpoint writes them: poolkeeper's listener has its own).
+ROUTINE_FILTERS: Final[dict[str, type[_RoutineAtDebug]]] = {
+    KOPF_OBJECT_LOGGER: HandlerSuccessAtDebug,
+    "aiohttp.access": LivenessProbeAtDebug,
+}
+
+
+def quiet_routine_lines() -> None:
+    """Install the routine-line filters on their loggers (once per process)."""
+    for name, kind in ROUTINE_FILTERS.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, kind) for f in logger.filters):
+            logger.addFilter(kind())

@@ -3,7 +3,8 @@ uninstalled; and every value set of tests/chart/scenarios.py as the server takes
 
 The cluster is this module's own: helm installs a chart's CRDs only where none exist, and
 CRDs are cluster-wide (the session's cluster has them from the operator's tests). No
-kubelet or controller-manager runs, so no pod starts: the objects are checked, not pods.
+kubelet or controller-manager runs, so no pod starts: the objects are checked, not pods
+(test_chart_on_node.py runs the pods, on a real node).
 The Prometheus operator's ServiceMonitor and PrometheusRule CRDs are stand-ins written
 for this test (monitoring-crds.yaml).
 """

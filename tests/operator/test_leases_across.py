@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controller.core.leases import lease_path
+from controller.core.paths import lease_path
 from controller.nomad.config import NomadConfig
 from controller.standalone import Controller, Settings
 from tests.operator.conftest import NOMAD_NAMESPACE, Cluster

@@ -16,7 +16,8 @@ from typing import Any, Final
 
 import pytest
 
-from controller.core.leases import DEFAULT_TTL_SECONDS, lease_path, takeover_seconds
+from controller.core.leases import DEFAULT_TTL_SECONDS, takeover_seconds
+from controller.core.paths import lease_path
 from tests.operator.conftest import NOMAD_NAMESPACE, Cluster, Replica
 from tests.support.documents import pool_doc
 from tests.support.waiting import wait_until

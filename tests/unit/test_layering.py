@@ -17,7 +17,10 @@
 - the Poseidon API (controller/poseidon) is thin over the engine, the claims and the pool
   sources: it reaches Nomad only through them (of controller.nomad it may name only the
   errors), and of the other front doors it uses only the API tokens (controller.api.auth);
-  the poolkeeper API does not import it.
+  the poolkeeper API does not import it;
+- what processes share through Nomad is read and written in controller/records only: no
+  other module calls the Variables or Locks port (the Nomad client implements it, and the
+  simulator is Nomad), and records/ builds on core, the Nomad port and its errors alone.
 """
 
 from __future__ import annotations
@@ -75,10 +78,61 @@ def within(name: str, *packages: str) -> bool:
     return any(name == p or name.startswith(p + ".") for p in packages)
 
 
+# The Variables and Locks port (controller/nomad/port.py): called only from these.
+RECORD_CALLS = frozenset(
+    {
+        "list_variables",
+        "read_variable",
+        "put_variable",
+        "delete_variable",
+        "wait_variables",
+        "wait_variable",
+        "acquire_lock",
+        "renew_lock",
+        "release_lock",
+        "write_locked",
+    }
+)
+RECORD_CALLERS = ("controller.records", "controller.nomad.client", "controller.lab.simulator")
+# What the shared records build on.
+RECORDS_USE = ("controller.core", "controller.nomad.port", "controller.nomad.errors")
+RECORDS_USE_MODULES = frozenset({"controller.tasks"})
+
+
+def record_calls(path: Path) -> list[str]:
+    """The Variables and Locks port methods a module calls."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [
+        node.func.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in RECORD_CALLS
+    ]
+
+
+def records_violations(module: str, path: Path) -> list[str]:
+    found = [
+        f"{module} calls the Variables port outside controller.records: {call}"
+        for call in sorted(set(record_calls(path)))
+        if not within(module, *RECORD_CALLERS)
+    ]
+    if within(module, "controller.records"):
+        found += [
+            f"{module} (shared records) imports {imported}"
+            for imported in imports(path)
+            if within(imported, "controller")
+            and not within(imported, "controller.records", *RECORDS_USE)
+            and imported not in RECORDS_USE_MODULES
+        ]
+    return found
+
+
 def violations(package_root: Path) -> list[str]:
     found: list[str] = []
     for path in sorted(package_root.rglob("*.py")):
         module = module_name(path, package_root)
+        found += records_violations(module, path)
         for imported in imports(path):
             top = imported.split(".")[0]
             pure = (
@@ -270,6 +324,17 @@ def test_the_closure_follows_imports(tmp_path: Path) -> None:
             "claims/bad.py",
             "from controller.engine.engine import Engine\n",
             "controller.claims.bad (claim path) imports the engine: controller.engine.engine",
+        ),
+        (
+            "engine/bad.py",
+            "async def f(port):\n    await port.put_variable('p', {}, 'default', cas=0)\n",
+            "controller.engine.bad calls the Variables port outside controller.records: "
+            "put_variable",
+        ),
+        (
+            "records/bad.py",
+            "from controller.engine.registry import PoolRegistry\n",
+            "controller.records.bad (shared records) imports controller.engine.registry",
         ),
     ],
 )
