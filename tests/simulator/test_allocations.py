@@ -184,3 +184,60 @@ async def test_no_fit_blocks_then_places(client: Client, sim: Simulator) -> None
     assert blocked["Status"] == "complete" and not sim.blocked
     _, summary, _ = await client.get("/v1/job/big/summary")
     assert summary["Summary"]["g"]["Queued"] == 0
+
+
+async def test_a_paused_broker_holds_evals_and_lets_them_be_deleted(
+    client: Client, sim: Simulator
+) -> None:
+    _, config, _ = await client.get("/v1/operator/scheduler/configuration")
+    settings = {**config["SchedulerConfig"], "PauseEvalBroker": True}
+    body = {"EvalIDs": ["8e231cf4-ca48-43ff-b694-5801e69e22fa"]}
+    status, text, _ = await client.call("DELETE", "/v1/evaluations", body)
+    assert (status, text) == (
+        500,
+        "eval broker is enabled; eval broker must be paused to delete evals",
+    )
+    stale = config["SchedulerConfig"]["ModifyIndex"] + 99
+    assert (await client.put("/v1/operator/scheduler/configuration", settings, cas=stale))[1][
+        "Updated"
+    ] is False
+    assert (await client.put("/v1/operator/scheduler/configuration", settings))[1]["Updated"]
+    out = await client.register(service_job("held"))
+    await asyncio.sleep(0.05)
+    assert sim.evals[out["EvalID"]]["Status"] == "pending" and sim.allocations("held") == []
+    status, text, _ = await client.call("DELETE", "/v1/evaluations", body)
+    assert (status, text) == (500, "eval not found")
+    status, deleted, _ = await client.call(
+        "DELETE", "/v1/evaluations", {"EvalIDs": [out["EvalID"]]}
+    )
+    assert status == 200 and deleted["Count"] == 1 and out["EvalID"] not in sim.evals
+    # Resumed, the broker processes what waits in it.
+    await client.register(service_job("held", count=2))
+    settings["PauseEvalBroker"] = False
+    await client.put("/v1/operator/scheduler/configuration", settings)
+    await wait_until(lambda: len(sim.allocations("held")) == 2)
+
+
+async def test_an_operator_fails_pauses_and_resumes_a_deployment(
+    client: Client, sim: Simulator
+) -> None:
+    sim.no_capacity(True)  # the deployment stays running: nothing finds room
+    await client.register(service_job("dep"))
+    await wait_until(lambda: len(sim.deployments) == 1)
+    (dep_id,) = sim.deployments
+    pause = {"DeploymentID": dep_id, "Pause": True}
+    status, out, _ = await client.post(f"/v1/deployment/pause/{dep_id}", pause)
+    assert status == 200 and out["EvalID"] == ""  # a pause creates no eval
+    assert sim.deployments[dep_id]["Status"] == "paused"
+    status, out, _ = await client.post(f"/v1/deployment/pause/{dep_id}", {**pause, "Pause": False})
+    assert out["EvalID"] and sim.deployments[dep_id]["Status"] == "running"
+    assert (await client.post(f"/v1/deployment/fail/{dep_id}"))[0] == 200
+    assert sim.deployments[dep_id]["StatusDescription"] == "Deployment marked as failed"
+    assert (await client.post(f"/v1/deployment/fail/{dep_id}"))[:2] == (
+        500,
+        "can't fail terminal deployment",
+    )
+    assert (await client.post(f"/v1/deployment/pause/{dep_id}", {"DeploymentID": "x"}))[:2] == (
+        400,
+        "Deployment ID does not match",
+    )

@@ -255,3 +255,56 @@ async def test_dispatch_plan_revert_and_versions(client: Client, sim: Simulator)
     assert counts == [1, 2, 1]  # newest first: the revert is version 2
     assert (await client.post("/v1/job/rv/stable", {"JobVersion": 2, "Stable": True}))[0] == 200
     assert sim.get_job("rv")["Stable"] is True  # type: ignore[index]
+
+
+async def test_an_unclean_path_is_sent_to_its_clean_form(client: Client) -> None:
+    # As Go's ServeMux does for Nomad's agent: 307, so that a write is sent again as it is.
+    async with client.session.put(
+        client.url + "/v1/job//scale", json={"Count": 1}, allow_redirects=False
+    ) as resp:
+        assert (resp.status, resp.headers["Location"]) == (307, "/v1/job/scale")
+    # Followed, it is a registration of a job named "scale", without a Job: 400.
+    assert (await client.put("/v1/job//scale", {"Count": 1}))[:2] == (400, "Job must be specified")
+
+
+async def test_registration_options(client: Client, sim: Simulator) -> None:
+    job = service_job("opt", count=2, Type="batch")
+    source = {"Source": 'job "opt" {}', "Format": "hcl2", "VariableFlags": {"x": "1"}}
+    out = await client.register(job, EvalPriority=77, Submission=source)
+    assert sim.evals[out["EvalID"]]["Priority"] == 77
+    status, sub, headers = await client.get("/v1/job/opt/submission", version=0)
+    assert status == 200 and (sub["Source"], sub["Version"]) == ('job "opt" {}', 0)
+    assert headers["X-Nomad-Index"] == str(sub["JobModifyIndex"])
+    assert (await client.get("/v1/job/opt/submission", version=1))[:2] == (
+        404,
+        "job source not found",
+    )
+    # PreserveCounts keeps the counts of the groups the job has.
+    await client.register(service_job("opt", count=5, Type="batch"), PreserveCounts=True)
+    assert sim.get_job("opt")["TaskGroups"][0]["Count"] == 2  # type: ignore[index]
+    assert (await client.put("/v1/jobs", {"Job": job, "EvalPriority": 101}))[:2] == (
+        400,
+        "Eval priority must be between 1 and 100 inclusively",
+    )
+
+
+async def test_scaling_events(client: Client, sim: Simulator) -> None:
+    await client.register(service_job("ev", count=1, Type="batch"))
+    target = {"Group": "g"}
+    out = (await client.post("/v1/job/ev/scale", {"Count": 2, "Target": target}))[1]
+    assert out["EvalID"]
+    noted = {"Target": target, "Message": "only a note", "Meta": {"k": "v"}}
+    assert (await client.post("/v1/job/ev/scale", noted))[1]["EvalID"] == ""
+    failed = {"Target": target, "Error": True, "Message": "could not"}
+    assert (await client.post("/v1/job/ev/scale", failed))[0] == 200
+    _, status, _ = await client.get("/v1/job/ev/scale")
+    events = status["TaskGroups"]["g"]["Events"]
+    assert [(e["Message"], e["Error"], e["Count"]) for e in events] == [
+        ("could not", True, None),
+        ("only a note", False, None),
+        ("", False, 2),
+    ]
+    assert events[2]["EvalID"] == out["EvalID"] and events[2]["PreviousCount"] == 1
+    assert (await client.post("/v1/job/ev/scale", {"Count": 1, "Error": True, "Target": target}))[
+        :2
+    ] == (400, "scaling action should not contain count if error is true")
