@@ -21,7 +21,7 @@ from controller.executions.archives import (
     Spool,
     UploadedFile,
     build_archive,
-    check_archive,
+    checked_copy,
     decoded_size,
 )
 from controller.executions.commands import (
@@ -136,15 +136,20 @@ class FileOperations:
         own: bool,
         clear: bool = False,
     ) -> None:
-        if not own:
+        checked = archive
+        if not own:  # what is extracted is the copy of what the check read
             try:
-                await asyncio.to_thread(check_archive, archive)
+                checked = await asyncio.to_thread(checked_copy, archive)
             except InvalidValue as error:
                 raise _invalid(str(error)) from None
-        async with self._counted(runner_id, "upload") as target:
-            argv = upload_command(target.spec.working_dir, delete, into, own=own, clear=clear)
-            run = await self._run(target, argv, archive.chunks())
-            self._check_exit(run, target, what="the upload")
+        try:
+            async with self._counted(runner_id, "upload") as target:
+                argv = upload_command(target.spec.working_dir, delete, into, own=own, clear=clear)
+                run = await self._run(target, argv, checked.chunks())
+                self._check_exit(run, target, what="the upload")
+        finally:
+            if checked is not archive:
+                checked.close()
 
     # ---- listing and download -------------------------------------------------------------
 
