@@ -30,11 +30,11 @@ from controller.api_tier import ApiTier
 from controller.core.catalog import RECONCILER_RECORDS
 from controller.lab.simulator import Simulator
 from controller.standalone import Controller
-from tests.support.documents import pool_doc
 from tests.support.fuzzing import against_live_service
 from tests.support.waiting import wait_until
 
 from .conftest import TOKEN, Harness, write_pools
+from .test_poseidon import READONLY, environment_pool
 
 
 class Sending(TypedDict, total=False):
@@ -47,6 +47,7 @@ class Sending(TypedDict, total=False):
 
 
 POOL_PATH = "/v1/pools/default/py/claims"
+POSEIDON_ENVIRONMENT = 10
 METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]
 TRACEBACK = re.compile(r"Traceback|File \"|\.py\", line")
 
@@ -146,10 +147,14 @@ async def api(
 ) -> AsyncIterator[Api]:
     """The API of one process that also reconciles, or of an API replica beside it: both
     reject the same way."""
-    pools = write_pools(tmp_path / "pools.yaml", pool_doc("py", idle=2, maxRunners=200))
-    controller = await harness.start(pools)
+    pool = environment_pool("py", POSEIDON_ENVIRONMENT, idle=2, maxRunners=200)
+    controller = await harness.start(write_pools(tmp_path / "pools.yaml", pool), poseidon=READONLY)
     await harness.settled(controller)
-    server = controller if request.param == "one process" else await harness.start_api_tier()
+    server = (
+        controller
+        if request.param == "one process"
+        else await harness.start_api_tier(poseidon=READONLY)
+    )
     status, openapi = await harness.api(server, "GET", "/openapi.json", token=None)
     assert status == 200
     client = Api(harness, server, openapi)
@@ -316,6 +321,49 @@ async def test_deeply_nested_json_is_400(api: Api, depth: int) -> None:
     must still be bad input (400), not an internal error (500)."""
     status, text = await api.check("POST", POOL_PATH, body=b"[" * depth + b"]" * depth)
     assert status == 400, text
+
+
+# JSON that Python's parser does not take as Go's does, or at all.
+HOSTILE_JSON = {
+    "nesting 3,000 deep": "[" * 3_000 + "]" * 3_000,
+    "nesting 20,000 deep": "[" * 20_000 + "]" * 20_000,
+    "objects nesting 3,000 deep": '{"a":' * 3_000 + "1" + "}" * 3_000,
+    "an integer of 4,301 digits": "1" + "0" * 4_300,
+    "a negative integer of 5,000 digits": "-" + "9" * 5_000,
+    "a number with 400 exponent digits": "1e" + "9" * 400,
+    "a lone surrogate": '"a\\ud800"',
+    "lone surrogates in a list": '["\\udc00", "x\\ud800"]',
+    "an object keyed by a lone surrogate": '{"\\ud800": "\\udfff"}',
+}
+# The JSON routes of both APIs that need no runner, and their fields (x: unknown).
+JSON_ROUTES = [
+    ("POST", POOL_PATH, ["requestId", "inactivityTimeoutSeconds", "waitSeconds", "x"]),
+    ("POST", "/api/v1/runners", ["executionEnvironmentId", "inactivityTimeout", "x"]),
+    (
+        "PUT",
+        f"/api/v1/execution-environments/{POSEIDON_ENVIRONMENT}",
+        ["prewarmingPoolSize", "image", "exposedPorts", "x"],
+    ),
+]
+PYTHON_ERRORS = re.compile(r"\b\w*(Error|Exception)\b|int_max_str_digits")
+
+
+async def test_hostile_json_is_never_a_server_error_on_either_api(api: Api) -> None:
+    """Deep nesting, huge numbers and lone surrogates, as the whole body and in every
+    field: /v1 refuses them (400); Poseidon's API answers as Go's decoder reads them
+    (its 10,000 levels, a number's text in its errors, U+FFFD for a lone surrogate)."""
+    headers = {"Content-Type": "application/json", "Poseidon-Token": TOKEN}
+    for method, path, fields in JSON_ROUTES:
+        for what, value in HOSTILE_JSON.items():
+            for body in [value, *(f'{{"{field}": {value}}}' for field in fields)]:
+                status, text = await api.check(
+                    method, path, body=body.encode(), headers=headers, json_errors=False
+                )
+                where = (method, path, what, body[:60], status, text[:300])
+                assert status < 500, where
+                assert not PYTHON_ERRORS.search(text), where
+                if path.startswith("/v1"):
+                    assert status == 400, where
 
 
 @pytest.mark.parametrize("size", [MAX_BODY_BYTES + 1, 4 * 1024 * 1024])
