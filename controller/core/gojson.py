@@ -117,7 +117,7 @@ _MAX_DEPTH = 10_000
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _go_text(text: str) -> str:
+def go_text(text: str) -> str:
     """A decoded string as Go holds it: an escaped surrogate that is not half of a pair
     (Python keeps it) is U+FFFD."""
     return text if text.isascii() else _SURROGATE.sub("\ufffd", text)
@@ -148,7 +148,7 @@ def unmarshal_strings(raw: str) -> list[str] | None:
     for item in value:
         if item is not None and not isinstance(item, str):
             raise _type_error(item, None, "", "string")
-    return ["" if item is None else _go_text(item) for item in value]
+    return ["" if item is None else go_text(item) for item in value]
 
 
 def go_marshal(value: Any) -> str:
@@ -338,7 +338,7 @@ def _decode(value: Any, kind: GoType, struct: GoStruct, where: str) -> Any:
         if not isinstance(value, dict):
             raise _type_error(value, struct, where, _type_name(kind))
         return {
-            _go_text(key): (
+            go_text(key): (
                 _zero(kind.value) if item is None else _decode(item, kind.value, struct, where)
             )
             for key, item in value.items()
@@ -356,7 +356,7 @@ def _scalar(value: Any, kind: str, struct: GoStruct, where: str) -> Any:
             return value
         raise _type_error(value, struct, where, kind, number=f"number {value}")
     if kind == "string" and isinstance(value, str):
-        return _go_text(value)
+        return go_text(value)
     if kind == "bool" and isinstance(value, bool):
         return value
     if kind == "[]uint8" and isinstance(value, str):
