@@ -251,6 +251,12 @@ class Execution:
             if ending is Ending.ERROR or pump.done():
                 return Outcome(ending, message=message)
             await self._manager.kill(self.prepared.target, marker.pid)
+            if marker.done:
+                # What the command wrote goes to no one now: a client that does not read
+                # must not hold the exec open (the pump would wait on its socket).
+                pump.cancel()
+                await asyncio.gather(pump, return_exceptions=True)
+                pump = asyncio.create_task(_discard_output(session))
             await asyncio.wait({pump}, timeout=KILL_GRACE_SECONDS)
             if not pump.done():
                 await self._manager.retire(self, f"the command did not stop after its {ending}")
@@ -328,6 +334,12 @@ class Execution:
             await session.close_stdin()
         except ExecError:
             pass  # the exec ended; the pump reports how
+
+
+async def _discard_output(session: ExecSession) -> None:
+    """Read the exec to its end, keeping nothing."""
+    async for _ in session.output():
+        pass
 
 
 class ExecutionManager:

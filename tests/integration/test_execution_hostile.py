@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import secrets
 import time
@@ -386,3 +387,36 @@ async def test_a_stdin_flood_on_poseidons_websocket_is_held_back(runner: Runner)
         assert runner.controller.executions.stdin_budget.held <= STDIN_BUFFER_BYTES
         sending.cancel()
         await asyncio.gather(sending, return_exceptions=True)
+
+
+@LOCAL
+async def test_a_client_that_does_not_read_keeps_its_runner(runner: Runner) -> None:
+    """`yes` past its time limit while the client reads nothing for a while: the command
+    is killed at the limit, the stream ends with `timeout` once the client reads, and the
+    runner stays claimed (the output nobody read does not hold the exec open)."""
+    status, created = await runner.api(
+        "POST", "/executions", {"command": "yes", "timeLimitSeconds": 2}
+    )
+    assert status == 201, created
+    async with await Stream.open(created["streamUrl"]) as stream:
+        await asyncio.sleep(6)  # past the limit and the 3 s a kill may take
+        assert await stream.next() == {"type": "start"}
+        while (frame := await stream.next()) is not None:
+            last = frame
+        assert last == {"type": "timeout"}
+    status, claim = await runner.api("GET", "")
+    assert status == 200, claim
+    assert "yes" not in _commands_in(runner.task_dir())
+
+
+def _commands_in(folder: Path) -> list[str]:
+    """The command lines of the processes working in `folder` (a runner's, with --exec
+    local)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if Path(os.readlink(proc / "cwd")) == folder:
+                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip())
+        except (OSError, UnicodeDecodeError):
+            continue
+    return found
