@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import re
 import time
 from collections.abc import AsyncIterator
@@ -383,6 +384,47 @@ async def test_oversized_headers_are_refused(api: Api) -> None:
     assert 400 <= status < 500
     status, _ = await api.check("GET", "/v1/runners/" + "a" * 20_000, json_errors=False)
     assert 400 <= status < 500
+
+
+# Requests aiohttp cannot parse, each answered 4xx before the application sees it.
+MALFORMED_REQUESTS = [
+    b"GET /v1/pools HTTP/1.1\r\nHost: x\r\nX-Padding: " + b"a" * 20_000 + b"\r\n\r\n",
+    b"GET /v1/pools HTTP/1.1\r\nHost: x\r\n" + b"X-Many: 1\r\n" * 200 + b"\r\n",
+    b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"POST /v1/claims HTTP/1.1\r\nHost: x\r\nContent-Length: ten\r\n\r\n",
+    b"GET /v1/pools HTTP/1.1\r\nHost: x\r\nBad Header: 1\r\n\r\n",
+    b"GET /v1/pools HTTP/9.9\r\nHost: x\r\n\r\n",
+]
+
+
+async def _answer_to(api: Api, raw: bytes) -> bytes:
+    host, port = api.controller.url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(raw)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(200), 10)
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+
+
+async def test_malformed_requests_are_brief_lines_not_tracebacks(
+    api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Anyone who can connect can send these: each is refused, and the log says so in a
+    line at most a second, never with a traceback or at ERROR."""
+    caplog.set_level(logging.INFO)
+    await asyncio.sleep(1.1)  # the second in which an earlier test's line came is over
+    for _ in range(5):
+        for raw in MALFORMED_REQUESTS:
+            answer = await _answer_to(api, raw)
+            assert answer.startswith((b"HTTP/1.1 4", b"HTTP/1.0 4")), (raw[:60], answer)
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+    assert not loud, [(r.name, r.levelname, r.getMessage()) for r in loud]
+    lines = [r.getMessage() for r in caplog.records if "malformed request" in r.getMessage()]
+    assert 1 <= len(lines) <= 3, lines  # 30 requests within a second or two
 
 
 # ---- auth ------------------------------------------------------------------------------
