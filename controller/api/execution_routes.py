@@ -127,11 +127,13 @@ async def put_files(request: web.Request) -> web.Response:
     files = request.app[FILES_KEY]
     await files.activity.live(runner_id)  # 404/410 before a large body is taken in
     limit = files.activity.spec(runner_id).max_upload_bytes
+    # A tar body's: checked whatever the body (a JSON body names its own paths).
+    into = files.extraction_target(request.query.get("path"))
     if request.content_type == TAR:
         spool = Spool()
         try:
             await read_stream(request, limit, spool.write)
-            await files.upload_tar(runner_id, request.query.get("path"), spool)
+            await files.upload_tar(runner_id, into, spool)
         finally:
             spool.close()
         return web.Response(status=204)
@@ -213,8 +215,8 @@ EXECUTION_ROUTES: tuple[Route, ...] = (
         put_files,
         body=FilesBody,
         raw_body=TAR,
-        query={"path": Query("a tar body: where to extract it (default: the working dir)",
-                             pattern=PATH_PATTERN)},
+        query={"path": Query("a tar body: where to extract it (default: the working dir; "
+                             "checked, but not used, with a JSON body)", pattern=PATH_PATTERN)},
         responses={204: ("done", None)},
         errors={**EXEC_ERRORS, 413: "more than the pool's maxUploadBytes"},
     ),
