@@ -1,9 +1,10 @@
 """The tar archives of uploads: built from a JSON body, or a client's, checked first.
 
-An upload's bytes are held once, in a spool (memory up to SPOOL_IN_MEMORY, a temporary
-file beyond), so that nothing is written in the runner until the whole body has arrived
+An upload's bytes are held in a spool (memory up to SPOOL_IN_MEMORY, a temporary file
+beyond), so that nothing is written in the runner until the whole body has arrived
 within `maxUploadBytes` and every path in it is acceptable; then the spool is streamed
-to `tar -x` as the exec's stdin.
+to `tar -x` as the exec's stdin. A client's archive is read whole by the check, which
+writes the members it read into a spool of its own: that copy is what `tar -x` reads.
 """
 
 from __future__ import annotations

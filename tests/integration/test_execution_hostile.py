@@ -34,6 +34,7 @@ from tests.support.fuzzing import against_live_service
 
 from .conftest import TOKEN, Harness, write_pools
 from .executions_support import Runner, Stream, claimed_runner
+from .test_hostile_input import HOSTILE_JSON, PYTHON_ERRORS
 from .test_poseidon import READONLY, environment_pool
 
 ENVIRONMENT = 10
@@ -312,6 +313,88 @@ async def test_garbage_frames_leave_a_stream_working(runner: Runner) -> None:
         assert stream.output() == "\ufffdhello\n"
 
 
+# The runner routes' JSON bodies, hostile as test_hostile_input.HOSTILE_JSON makes them:
+# (method, path under the runner, fields; the Poseidon routes under /api/v1).
+RUNNER_JSON_ROUTES = [
+    ("POST", "/executions", ["command", "env", "timeLimitSeconds", "stdin", "x"]),
+    ("PUT", "/files", ["files", "delete", "directories", "x"]),
+    ("POST", "/execute", ["command", "environment", "timeLimit", "x"]),
+    ("PATCH", "/files", ["copy", "delete", "x"]),
+]
+
+
+@LOCAL
+async def test_hostile_json_on_runner_routes_is_never_a_server_error(runner: Runner) -> None:
+    """Deep nesting, huge numbers, lone surrogates, as the whole body and in every field
+    of both APIs' runner routes: refused (400), or taken as Go takes them under
+    Poseidon's API (a lone surrogate is U+FFFD there): never a 5xx, never a Python
+    exception's name."""
+    headers = {"Content-Type": "application/json", "Poseidon-Token": TOKEN}
+    async with aiohttp.ClientSession(headers=headers) as http:
+        for method, suffix, fields in RUNNER_JSON_ROUTES:
+            poseidon = suffix in ("/execute",) or method == "PATCH"
+            base = f"/api/v1/runners/{runner.id}" if poseidon else runner.path
+            url = runner.controller.url + base + suffix
+            for what, value in HOSTILE_JSON.items():
+                for body in [value, *(f'{{"{field}": {value}}}' for field in fields)]:
+                    auth = {} if poseidon else {"Authorization": f"Bearer {TOKEN}"}
+                    async with http.request(method, url, data=body, headers=auth) as response:
+                        text = await response.text()
+                    where = (method, base + suffix, what, body[:60], response.status, text[:300])
+                    assert response.status < 500, where
+                    assert not TRACEBACK.search(text) and not PYTHON_ERRORS.search(text), where
+                    if not poseidon:
+                        assert response.status == 400, where
+
+
+async def poseidon_stream(runner: Runner, command: str) -> Stream:
+    """An execution through Poseidon's API, its WebSocket open."""
+    headers = {"Poseidon-Token": TOKEN}
+    url = f"{runner.controller.url}/api/v1/runners/{runner.id}/execute"
+    async with (
+        aiohttp.ClientSession(headers=headers) as http,
+        http.post(url, json={"command": command, "timeLimit": 60}) as response,
+    ):
+        assert response.status == 200, await response.text()
+        websocket_url = (await response.json())["websocketUrl"]
+    return await Stream.open(websocket_url, headers=headers, timeout=CLOSE_SOON)
+
+
+# Frames no client may send: text that is not UTF-8, and more than a frame may hold.
+BROKEN_FRAMES = [
+    ("text that is not UTF-8", b"\xff\xfe\xfd", aiohttp.WSMsgType.TEXT, 1007),
+    ("a frame over 1 MiB", b"x" * (MIB + 1), aiohttp.WSMsgType.TEXT, 1009),
+]
+
+
+@LOCAL
+@pytest.mark.parametrize("api", ["v1", "poseidon"])
+async def test_a_broken_frame_closes_its_stream_and_the_runner_goes_on(
+    runner: Runner, api: str
+) -> None:
+    """The socket is closed with the code the WebSocket protocol gives, its command is
+    cancelled, and the runner serves the next execution."""
+    for what, data, kind, code in BROKEN_FRAMES:
+        if api == "v1":
+            stream = await runner.stream(command=["cat"])
+        else:
+            stream = await poseidon_stream(runner, "cat")
+        async with stream:
+            assert await stream.next() == {"type": "start"}, what
+            await stream.ws.send_frame(data, kind)
+            while await stream.next() is not None:
+                pass
+            assert stream.ws.close_code == code, what
+    if api == "v1":
+        status, result = await runner.run(command=["echo", "still here"])
+        assert (status, result["stdout"]) == (200, "still here\n"), result
+    else:
+        async with await poseidon_stream(runner, "echo still here") as stream:
+            assert await stream.next() == {"type": "start"}
+            assert await stream.to_end() == {"type": "exit", "data": 0}
+            assert "still here" in stream.output()
+
+
 async def held_back(sent: Callable[[], int], sending: asyncio.Task[None]) -> None:
     """Until the sender makes no progress for a second (or it is done)."""
     last, since = sent(), time.monotonic()
@@ -361,18 +444,9 @@ async def test_a_stdin_flood_is_held_back_and_nothing_is_lost(runner: Runner) ->
 
 @LOCAL
 async def test_a_stdin_flood_on_poseidons_websocket_is_held_back(runner: Runner) -> None:
-    headers = {"Poseidon-Token": TOKEN}
-    url = f"{runner.controller.url}/api/v1/runners/{runner.id}/execute"
-    body = {"command": "sleep 60", "timeLimit": 60}
-    async with (
-        aiohttp.ClientSession(headers=headers) as http,
-        http.post(url, json=body) as response,
-    ):
-        assert response.status == 200, await response.text()
-        websocket_url = (await response.json())["websocketUrl"]
     data = "x" * (MIB - 64)
     sent = 0
-    async with await Stream.open(websocket_url, headers=headers, timeout=CLOSE_SOON) as stream:
+    async with await poseidon_stream(runner, "sleep 60") as stream:
         assert await stream.next() == {"type": "start"}
 
         async def flood() -> None:
