@@ -25,6 +25,7 @@ READ_CHUNK = 256 * 1024
 # may run unprivileged), only a file's owner removes it.
 DIRECTORY_MODE = 0o1777
 _PRIVILEGE_BITS = 0o6000  # setuid, setgid: an unprivileged execution would gain the owner's
+_MAX_ID = 2**32 - 1  # of an owner or a group, as Linux and GNU tar take it
 # Links one path may go through (Linux's MAXSYMLINKS: past it the kernel gives up too).
 MAX_LINK_FOLLOWS = 40
 # Steps of resolving names an archive may take per member, on top of one a name in it:
@@ -241,6 +242,8 @@ def _member_problem(member: tarfile.TarInfo) -> str | None:
         return "is not a file, directory or link"
     if member.mode & _PRIVILEGE_BITS:
         return "is setuid or setgid"
+    if not (0 <= member.uid <= _MAX_ID and 0 <= member.gid <= _MAX_ID):
+        return f"has an owner or group ID out of range (0 to {_MAX_ID}), which tar refuses"
     if member.name.startswith("/") or (member.islnk() and member.linkname.startswith("/")):
         return LEAVES
     if ".." in member.name.split("/") or (member.islnk() and ".." in member.linkname.split("/")):

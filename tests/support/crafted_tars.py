@@ -178,6 +178,17 @@ CRAFTED_REFUSED: list[tuple[str, bytes, str]] = [
         "not a file",
     ),
     ("setuid in a GNU archive", raw_file(b"s", mode=0o4755, magic=GNU) + END, "setuid"),
+    ("a negative owner (pax)", pax({"uid": "-5"}) + raw_file(b"a") + END, "owner or group ID"),
+    (
+        "an owner past 32 bits (pax)",
+        pax({"gid": str(2**40)}) + raw_file(b"a") + END,
+        "out of range",
+    ),
+    (
+        "a negative owner (base-256)",
+        raw_file(b"a", extra={108: b"\xff" * 8}) + END,
+        "owner or group ID",
+    ),
     (
         "hard link to a link that leads out",
         tar_of(directory("d"), symlink("d/up", ".."), hardlink("h", "d/up")),
