@@ -60,10 +60,12 @@ BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=
 
 def json_schema(kind: GoType) -> JSON:
     """A JSON Schema of values Go's decoder takes into `kind`: a struct's fields by their
-    names (others are ignored, so allowed), null for a slice, a map or []uint8 (nil)."""
+    names (others are ignored, so allowed), and null anywhere: Go sets a slice, a map or
+    []uint8 to nil, and leaves any other value as it was (a field or item keeps its zero
+    value)."""
     if isinstance(kind, GoStruct):
         fields = {name: json_schema(field) for name, field in kind.fields.items()}
-        return {"type": "object", "properties": fields}
+        return {"type": ["object", "null"], "properties": fields}
     if isinstance(kind, GoSlice):
         return {"type": ["array", "null"], "items": json_schema(kind.item)}
     if isinstance(kind, GoMap):
@@ -71,10 +73,10 @@ def json_schema(kind: GoType) -> JSON:
     if kind in _INTEGERS:
         bits, signed = _INTEGERS[kind]
         low, high = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
-        return {"type": "integer", "minimum": low, "maximum": high}
+        return {"type": ["integer", "null"], "minimum": low, "maximum": high}
     if kind == "[]uint8":
         return {"type": ["string", "null"], "contentEncoding": "base64", "pattern": BASE64_PATTERN}
-    return {"type": "boolean" if kind == "bool" else "string"}
+    return {"type": ["boolean" if kind == "bool" else "string", "null"]}
 
 
 def _type_name(kind: GoType) -> str:

@@ -25,9 +25,9 @@ _REFUSED: Final[dict[str, dict[str, Any]]] = {
     # What a pool needs of an environment (model.py's runner): managed, less is 400;
     # read-only, it does not match a pool (409).
     "dto.ExecutionEnvironmentRequest": {
-        "image": {"minLength": 1},
-        "cpuLimit": {"minimum": 1, "maximum": INT32_MAX},
-        "memoryLimit": {"minimum": 10, "maximum": INT32_MAX},
+        "image": {"type": "string", "minLength": 1},
+        "cpuLimit": {"type": "integer", "minimum": 1, "maximum": INT32_MAX},
+        "memoryLimit": {"type": "integer", "minimum": 10, "maximum": INT32_MAX},
         "exposedPorts": {"items": {"type": "integer", "minimum": 1, "maximum": 65535}},
     },
     "dto.RunnerRequest": {"inactivityTimeout": {"minimum": 0}},
@@ -35,14 +35,15 @@ _REFUSED: Final[dict[str, dict[str, Any]]] = {
         "command": {"pattern": f"^[^{FORBIDDEN_CHARACTER}]*$"},
         "timeLimit": {"minimum": 0},
         "environment": {
-            "patternProperties": {ENV_NAME_PATTERN: {"type": "string"}},
+            "patternProperties": {ENV_NAME_PATTERN: {"type": ["string", "null"]}},
             "additionalProperties": False,
         },
     },
+    # Paths the facade refuses empty (as null makes them).
     "dto.UpdateFileSystemRequest": {
         "delete": {"items": {"type": "string", "pattern": BELOW_PATTERN}}
     },
-    "dto.File": {"path": {"pattern": BELOW_PATTERN}},
+    "dto.File": {"path": {"type": "string", "pattern": BELOW_PATTERN}},
 }
 
 _STRING = {"type": "string"}
@@ -176,11 +177,10 @@ _PATH_PARAMETERS: Final[dict[str, dict[str, Any]]] = {
 
 
 def request_schema(struct: GoStruct) -> dict[str, Any]:
-    """A request body: what Go decodes into `struct`, less what the facade refuses.
-    `null` is a body too: Go decodes it as the struct's zero value, `{}`."""
+    """A request body: what Go decodes into `struct` (null, anywhere, as Go's zero
+    value), less what the facade refuses."""
     schema = json_schema(struct)
     _narrow(schema, struct)
-    schema["type"] = ["object", "null"]
     return schema
 
 
@@ -192,7 +192,8 @@ _REQUIRED: Final[dict[str, list[str]]] = {
 
 
 def _narrow(schema: dict[str, Any], struct: GoStruct) -> None:
-    if struct.name in _REQUIRED:
+    if struct.name in _REQUIRED:  # its zero value is refused: null is too
+        schema["type"] = "object"
         schema["required"] = _REQUIRED[struct.name]
     for name, kind in struct.fields.items():
         field = schema["properties"][name]

@@ -206,8 +206,11 @@ async def test_where_the_document_and_the_server_disagreed(
         http.put(url, json={}, headers=headers) as response,
     ):
         assert (response.status, await response.read()) == (404, b"")
-    # Poseidon: `{}` is no environment (image, cpuLimit, memoryLimit are required), and
-    # a body of `null` is Go's zero value, as the document says.
+    # Poseidon: `{}` is no environment (image, cpuLimit, memoryLimit are required); null,
+    # as a body or a field's value, is Go's zero value, as the document says.
     request = environment["put"]["requestBody"]["content"]["application/json"]["schema"]
     assert set(request["required"]) >= {"image", "cpuLimit", "memoryLimit"}
-    assert request["type"] == ["object", "null"]
+    runners = paths["/api/v1/runners"]["post"]["requestBody"]["content"]["application/json"]
+    assert runners["schema"]["type"] == ["object", "null"]
+    execute = paths["/api/v1/runners/{runnerId}/execute"]["post"]["requestBody"]["content"]
+    assert "null" in execute["application/json"]["schema"]["properties"]["command"]["type"]

@@ -212,6 +212,10 @@ STRUCT = GoStruct(
         ' "tags": ["a"], "labels": {"k": "v"}, "unknown": [1]}',
         '{"data": null, "tags": null, "labels": null}',
         "{}",
+        # null leaves any other field as it is (its zero value), and is an item's zero
+        '{"size": null, "count": null, "name": null, "on": null, "tags": [null],'
+        ' "labels": {"k": null}}',
+        "null",
     ],
 )
 def test_the_json_schema_takes_what_go_decodes(raw: str) -> None:
