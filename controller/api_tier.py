@@ -18,29 +18,17 @@ import logging
 import os
 import socket
 
-from controller import __version__
-from controller.claims.store import ClaimStore
-from controller.core.catalog import replica_segment
+from controller.core.catalog import ENVIRONMENTS
 from controller.core.readiness import CLAIMS, Readiness
-from controller.core.times import utcnow
-from controller.directory.catalog import CatalogDirectory
-from controller.directory.doorbell import ENVIRONMENTS, Doorbell
-from controller.directory.waiting import WaitingPublisher
 from controller.logs import start_logging
-from controller.metrics import Metrics
 from controller.nomad.config import NomadConfig
-from controller.nomad.errors import NomadError
-from controller.poseidon.context import EnvironmentMode
 from controller.serving import (
-    ApiServer,
-    NomadSessions,
     Periodic,
+    Serving,
     ServingSettings,
-    environment_template,
     nomad_config_from_env,
     serving_settings,
 )
-from controller.sources.environments import EnvironmentStore
 from controller.tasks import serve_until_stopped
 
 log = logging.getLogger(__name__)
@@ -49,36 +37,21 @@ log = logging.getLogger(__name__)
 class ApiTier:
     def __init__(self, settings: ServingSettings, nomad: NomadConfig) -> None:
         self.settings = settings
-        self.metrics = Metrics()
         identity = f"{socket.gethostname()}/{os.getpid()}"
-        self.sessions = NomadSessions.open(
-            nomad, self.metrics, f"poolkeeper/{__version__} (api {identity})"
+        self.serving = Serving(settings, nomad, identity, api_tier=True)
+        self.metrics, self.sessions = self.serving.metrics, self.serving.sessions
+        self.directory = self.serving.catalog
+        doorbell = self.serving.records.doorbell
+        # The reconcilers register the environments' pools: told to read them at once.
+        self.api = self.serving.serve_over(
+            self.directory, None, on_written=lambda: doorbell.ring(ENVIRONMENTS)
         )
-        home = nomad.namespace or "default"
-        replica = replica_segment(identity)
-        client = self.sessions.client
-        self.doorbell = Doorbell(client, home, replica, utcnow)
-        self.waiting = WaitingPublisher(client, home, replica, utcnow, self.doorbell)
-        self.directory = CatalogDirectory(self.sessions.watch, home, self.doorbell, self.waiting)
-        poseidon = settings.poseidon
-        self.environments = (
-            EnvironmentStore(
-                client,
-                home,
-                environment_template(poseidon.environment_template),
-                None,  # the reconcilers register environments' pools
-                on_written=lambda: self.doorbell.ring(ENVIRONMENTS),
-            )
-            if poseidon.enabled and poseidon.environments is EnvironmentMode.MANAGED
-            else None
-        )
-        store = ClaimStore(client, self.sessions.watch)
-        self.api = ApiServer(
-            settings, self.directory, self.sessions, store, self.metrics, self.environments
-        )
+        self.environments = self.serving.environments
         self.executions = self.api.executions
         self._environment_refresh = Periodic(
-            "poseidon environments", lambda: settings.resync_seconds, self._refresh_environments
+            "poseidon environments",
+            lambda: settings.resync_seconds,
+            self.serving.refresh_environments,  # which pools are managed ones
         )
 
     def readiness(self) -> Readiness:
@@ -101,21 +74,12 @@ class ApiTier:
             self._environment_refresh.start()
         return url
 
-    async def _refresh_environments(self) -> None:
-        assert self.environments is not None
-        try:
-            await self.environments.refresh()  # which pools are managed ones
-        except NomadError as error:
-            log.warning("cannot read the Poseidon environments from Nomad: %s", error)
-
     async def stop(self) -> None:
         """Stop serving; claims and runners stay in Nomad."""
         await self._environment_refresh.stop()
         await self.directory.stop()
         await self.api.close()
-        await self.waiting.close()
-        await self.doorbell.close()
-        await self.sessions.close()
+        await self.serving.close()
 
     def reload(self) -> None:
         """SIGHUP: the API tokens and the TLS certificate are read again."""

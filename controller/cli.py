@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 from collections.abc import Callable, Sequence
 
@@ -145,6 +146,11 @@ def _serving_options(command: argparse.ArgumentParser, listen: str, resync: str)
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="poolkeeper", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {importlib.metadata.version('poolkeeper')}",
+    )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     keep_layout = argparse.RawDescriptionHelpFormatter
 
@@ -220,10 +226,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--all-namespaces", action="store_true", help="watch every namespace (the default)"
     )
     _controller_options(operator, "0.0.0.0:8080")
-    operator.add_argument("--peering", help="kopf peering object for active/passive HA")
-    operator.add_argument(
-        "--priority", type=int, help="peering priority (default: random, distinct per replica)"
-    )
     operator.add_argument(
         "--liveness", help="kopf liveness endpoint, e.g. http://0.0.0.0:8081/healthz"
     )

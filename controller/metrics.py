@@ -136,7 +136,7 @@ class Metrics:
                 self.pool_condition.remove(pool, type_)
 
     def forget_event_stream(self, namespace: str) -> None:
-        """A watcher stopped on purpose (a passive replica) is not a stream that is down:
+        """A watcher stopped on purpose (its process stopping) is not a stream that is down:
         its series goes, so an alert on `poolkeeper_event_stream_up == 0` stays quiet."""
         with contextlib.suppress(KeyError):
             self.event_stream_up.remove(namespace)

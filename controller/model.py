@@ -4,7 +4,14 @@ The same models validate Kubernetes custom resources (operator) and pool files
 (standalone), so both front doors accept and reject the same documents. Python
 attributes are snake_case; documents use the camelCase aliases.
 
-Bounds beyond the contract's wording (keep the CRD schema in step with them):
+They are also the one source of the CRD: `make crds` writes crds/ and the chart's copy
+from them (controller/crd.py). What the types and Field constraints say becomes the
+OpenAPI schema; what a validator checks in Python is said to the API server next to it,
+as schema keywords or a CEL rule (`_crd`, `Rule`), and the descriptions are the fields'.
+tests/operator/test_crd_agreement.py holds the two to the same verdicts on a real API
+server.
+
+Bounds beyond the contract's wording:
 - every integer is a strict integer (``"5"`` and ``true`` are rejected, as a structural
   CRD schema does) and at most 2**31 - 1;
 - ``cpu >= 1`` and ``memoryMB >= 10`` (Nomad's own minimum task resources);
@@ -30,6 +37,7 @@ import math
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
 
@@ -48,6 +56,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
+from controller.core.demand import TargetReason
 from controller.core.schedule import cron_problem, time_zone_problem
 
 API_VERSION: Final = "poolkeeper.dev/v1alpha1"
@@ -61,7 +70,7 @@ DNS_SUBDOMAIN_RE: Final = re.compile(rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*$")
 DNS_LABEL_RE: Final = re.compile(rf"^{_DNS_LABEL}$")
 # Nomad's own validation of namespace and node pool names.
 NOMAD_NAMESPACE_RE: Final = re.compile(r"^[a-zA-Z0-9-]{1,128}$")
-NOMAD_NODE_POOL_RE: Final = re.compile(r"^[a-zA-Z0-9-_.]{1,128}$")
+NOMAD_NODE_POOL_RE: Final = re.compile(r"^[a-zA-Z0-9_.-]{1,128}$")
 ENV_KEY_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Kubernetes label syntax: a value, or a key's name part, is at most 63 characters of
 # letters, digits, '-', '_' and '.', beginning and ending with a letter or digit.
@@ -99,6 +108,49 @@ def _invalid(message: str, subpath: str = "") -> PydanticCustomError:
     return PydanticCustomError(_ERROR_TYPE, message, {_SUBPATH: subpath})
 
 
+# --- what the CRD says beyond the types --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A CEL rule of the CRD (``x-kubernetes-validations``): the API server's form of a
+    check a validator here makes. ``message`` is what the server answers, word for word;
+    ``field_path`` where it points, relative to the object the rule is on."""
+
+    rule: str
+    message: str
+    field_path: str | None = None
+    reason: str = "FieldValueInvalid"
+
+    def keyword(self) -> dict[str, str]:
+        written = {"rule": self.rule, "message": self.message}
+        if self.field_path is not None:
+            written["fieldPath"] = self.field_path
+        return written | {"reason": self.reason}
+
+
+def _validations(*rules: Rule) -> dict[str, Any]:
+    """A model's CEL rules, for its ``model_config`` (``json_schema_extra``)."""
+    return {"x-kubernetes-validations": [rule.keyword() for rule in rules]}
+
+
+def _crd(*rules: Rule, **keywords: Any) -> Any:
+    """A field's (or type's) CRD schema keywords that its annotation does not give: what a
+    validator checks here in Python, and what only Kubernetes has (list types, CEL rules,
+    formats)."""
+    return Field(json_schema_extra=keywords | (_validations(*rules) if rules else {}))
+
+
+# A list the API server treats as a set: a duplicate is refused (the model refuses it too).
+LIST_SET: Final = {"x-kubernetes-list-type": "set"}
+# Not blank: at least one character that Python's str.isspace() does not take (the model
+# strips), as an RE2 character class for the CRD; tests/unit/test_crd.py derives it.
+NOT_BLANK_PATTERN: Final = (
+    r"[^\x{9}-\x{d}\x{1c}-\x{20}\x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}-\x{2029}"
+    r"\x{202f}\x{205f}\x{3000}]"
+)
+
+
 def _names_a_program(value: list[str]) -> list[str]:
     if value and not value[0]:
         raise _invalid("the program (first element) must not be empty", "[0]")
@@ -106,7 +158,11 @@ def _names_a_program(value: list[str]) -> list[str]:
 
 
 # A program and its arguments; empty means none (the image's own entrypoint, no wrapper).
-Argv = Annotated[list[StrictStr], AfterValidator(_names_a_program)]
+Argv = Annotated[
+    list[StrictStr],
+    AfterValidator(_names_a_program),
+    _crd(Rule("size(self) == 0 || self[0] != ''", "the program (first element) must not be empty")),
+]
 
 
 def _matching(pattern: re.Pattern[str], message: str) -> AfterValidator:
@@ -134,18 +190,24 @@ DnsLabel = Annotated[
     Field(min_length=1, max_length=63),
     _matching(DNS_LABEL_RE, "must be a DNS-1123 label (lowercase letters, digits and '-')"),
 ]
+# The maxLength beside each pattern is implied by it; the API server wants it said, to
+# bound the cost of CEL rules reading the string.
 NomadNamespace = Annotated[
     StrictStr,
     _matching(NOMAD_NAMESPACE_RE, "must be 1-128 letters, digits or '-' (a Nomad namespace name)"),
+    _crd(pattern=NOMAD_NAMESPACE_RE.pattern, maxLength=128),
 ]
 NomadNodePool = Annotated[
     StrictStr,
     _matching(
         NOMAD_NODE_POOL_RE, "must be 1-128 letters, digits, '-', '_' or '.' (a Nomad node pool)"
     ),
+    _crd(pattern=NOMAD_NODE_POOL_RE.pattern, maxLength=128),
 ]
 JobPrefix = Annotated[
-    StrictStr, _matching(re.compile(JOB_PREFIX_PATTERN), f"must match {JOB_PREFIX_PATTERN}")
+    StrictStr,
+    _matching(re.compile(JOB_PREFIX_PATTERN), f"must match {JOB_PREFIX_PATTERN}"),
+    _crd(pattern=JOB_PREFIX_PATTERN, maxLength=64),
 ]
 
 
@@ -223,6 +285,21 @@ class ObjectMeta(BaseModel):
 
 
 class ClaimsSpec(_Model):
+    # The API server checks a rule against the {} default of the object itself, before the
+    # fields' own defaults fill it: the has() guards of this rule and the next are for that.
+    model_config = ConfigDict(
+        json_schema_extra=_validations(
+            Rule(
+                "!has(self.defaultInactivityTimeoutSeconds) || "
+                "!has(self.maxInactivityTimeoutSeconds) || "
+                "self.defaultInactivityTimeoutSeconds <= self.maxInactivityTimeoutSeconds",
+                "defaultInactivityTimeoutSeconds must not be greater than "
+                "maxInactivityTimeoutSeconds",
+                ".defaultInactivityTimeoutSeconds",
+            )
+        )
+    )
+
     default_inactivity_timeout_seconds: Seconds = 300
     max_inactivity_timeout_seconds: Seconds = 3600
 
@@ -245,13 +322,39 @@ MAX_PATH_LENGTH: Final = 4096
 class ExecutionsSpec(_Model):
     """Executions and files in a claimed runner (docs/reference.md, "Executions")."""
 
-    default_time_limit_seconds: Seconds = 60
+    model_config = ConfigDict(
+        json_schema_extra=_validations(
+            Rule(
+                "!has(self.defaultTimeLimitSeconds) || !has(self.maxTimeLimitSeconds) || "
+                "self.defaultTimeLimitSeconds <= self.maxTimeLimitSeconds",
+                "defaultTimeLimitSeconds must not be greater than maxTimeLimitSeconds",
+                ".defaultTimeLimitSeconds",
+            )
+        )
+    )
+
+    default_time_limit_seconds: Seconds = Field(
+        default=60, description="The time limit of an execution that names none."
+    )
     max_time_limit_seconds: Seconds = 3600
-    max_concurrent: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] = 8
-    # None: the runner task's own working directory (the image's WORKDIR).
-    working_dir: Annotated[StrictStr, Field(min_length=1, max_length=MAX_PATH_LENGTH)] | None = None
-    max_upload_bytes: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] = 64 * MIB
-    unprivileged_wrapper: Argv = Field(default_factory=list)
+    max_concurrent: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] = Field(
+        default=8, description="Running executions per runner; more answer 409."
+    )
+    working_dir: Annotated[StrictStr, Field(min_length=1, max_length=MAX_PATH_LENGTH)] | None = (
+        Field(
+            default=None,
+            description="Relative paths of executions and files are under it; absent, the "
+            "runner task's own working directory (the image's WORKDIR).",
+        )
+    )
+    max_upload_bytes: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] = Field(
+        default=64 * MIB, description="Decoded bytes of one file upload."
+    )
+    unprivileged_wrapper: Argv = Field(
+        default_factory=list,
+        description="Argument vector prefix of executions with privileged false, e.g. "
+        "[/sbin/setuser, user].",
+    )
 
     @model_validator(mode="after")
     def _default_within_max(self) -> ExecutionsSpec:
@@ -264,16 +367,46 @@ class ExecutionsSpec(_Model):
 
 
 class RunnerSpec(_Model):
-    image: Annotated[StrictStr, Field(min_length=1)]
-    command: Argv = Field(default_factory=lambda: ["sleep", "infinity"])
-    cpu: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] = 100
+    model_config = ConfigDict(
+        json_schema_extra=_validations(
+            Rule(
+                "!has(self.memoryMaxMB) || self.memoryMaxMB >= self.memoryMB",
+                "memoryMaxMB must not be less than memoryMB",
+                ".memoryMaxMB",
+            ),
+            Rule(
+                "size(self.ports) == 0 || self.network == 'bridge'",
+                "ports need network: bridge",
+                ".ports",
+            ),
+        )
+    )
+
+    image: Annotated[StrictStr, Field(min_length=1), _crd(pattern=NOT_BLANK_PATTERN)]
+    command: Argv = Field(
+        default_factory=lambda: ["sleep", "infinity"],
+        description="Empty runs the image's own entrypoint.",
+    )
+    cpu: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] = Field(
+        default=100, description="CPU in MHz."
+    )
     memory_mb: Annotated[StrictInt, Field(ge=10, le=INT32_MAX, alias="memoryMB")] = 128
     memory_max_mb: Annotated[StrictInt | None, Field(ge=10, le=INT32_MAX, alias="memoryMaxMB")] = (
-        None
+        Field(default=None, description="Optional memory oversubscription limit.")
     )
     network: NetworkMode = NetworkMode.NONE
-    ports: list[Annotated[StrictInt, Field(ge=1, le=65535)]] = Field(default_factory=list)
-    env: dict[str, StrictStr] = Field(default_factory=dict)
+    ports: Annotated[list[Annotated[StrictInt, Field(ge=1, le=65535)]], _crd(**LIST_SET)] = Field(
+        default_factory=list, description="Container ports to expose (network bridge only)."
+    )
+    env: Annotated[
+        dict[str, StrictStr],
+        _crd(
+            Rule(
+                f"self.all(k, k.matches('{ENV_KEY_RE.pattern}'))",
+                "invalid variable name (letters, digits and '_', not starting with a digit)",
+            )
+        ),
+    ] = Field(default_factory=dict)
 
     @field_validator("image")
     @classmethod
@@ -313,13 +446,43 @@ class RunnerSpec(_Model):
 
 
 class NomadSpec(_Model):
+    # Transition rules: the API server runs them on updates only, when nomad exists on both
+    # sides (always, thanks to its default); immutable_changes() is the model's side.
+    # "namespace" is a reserved word of CEL: the field is __namespace__ in rules.
+    model_config = ConfigDict(
+        json_schema_extra=_validations(
+            Rule(
+                "has(self.__namespace__) == has(oldSelf.__namespace__) && "
+                "(!has(self.__namespace__) || self.__namespace__ == oldSelf.__namespace__)",
+                "nomad.namespace is immutable",
+                ".namespace",
+                "FieldValueForbidden",
+            ),
+            Rule(
+                "has(self.jobPrefix) == has(oldSelf.jobPrefix) && "
+                "(!has(self.jobPrefix) || self.jobPrefix == oldSelf.jobPrefix)",
+                "nomad.jobPrefix is immutable",
+                ".jobPrefix",
+                "FieldValueForbidden",
+            ),
+        )
+    )
+
     namespace: NomadNamespace = "default"
     datacenters: Annotated[list[Annotated[StrictStr, Field(min_length=1)]], Field(min_length=1)] = (
         Field(default_factory=lambda: ["*"])
     )
     node_pool: NomadNodePool | None = None
-    job_prefix: JobPrefix | None = None
-    job_template: dict[str, Any] = Field(default_factory=dict)
+    job_prefix: JobPrefix | None = Field(
+        default=None,
+        description='Default: metadata.name with every "." as "-", cut to 50 characters, then "-".',
+    )
+    # Opaque to the CRD (kept as written): job_template_problems() is its only check.
+    job_template: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Raw Nomad JSON job deep-merged over the rendered one (checked by the "
+        "controller).",
+    )
 
     @field_validator("job_template")
     @classmethod
@@ -331,16 +494,29 @@ class NomadSpec(_Model):
 
 
 class DemandSpec(_Model):
-    max_idle_runners: Count | None = None
-    window_seconds: Annotated[StrictInt, Field(ge=1, le=MAX_DEMAND_WINDOW_SECONDS)] = 300
-    cover_seconds: Seconds | None = None
+    max_idle_runners: Count | None = Field(
+        default=None, description="Ceiling of the idle target (at most maxRunners)."
+    )
+    window_seconds: Annotated[StrictInt, Field(ge=1, le=MAX_DEMAND_WINDOW_SECONDS)] = Field(
+        default=300, description="Claims are counted over this moving window."
+    )
+    cover_seconds: Seconds | None = Field(
+        default=None,
+        description="Seconds of claims the buffer absorbs; absent, the measured p90 time from "
+        "registration to running, plus 50%.",
+    )
 
 
 class ScheduleSpec(_Model):
-    cron: Annotated[StrictStr, Field(max_length=256)]
+    cron: Annotated[StrictStr, Field(max_length=256)] = Field(
+        description="A cron expression of five fields (minute hour day month weekday) in "
+        "timeZone; each time it names opens the window."
+    )
     duration_minutes: Annotated[StrictInt, Field(ge=1, le=MAX_SCHEDULE_MINUTES)]
-    idle_runners: Count
-    time_zone: Annotated[StrictStr, Field(max_length=256)] = "UTC"
+    idle_runners: Count = Field(description="The idle floor while the window is open.")
+    time_zone: Annotated[StrictStr, Field(max_length=256)] = Field(
+        default="UTC", description="An IANA time zone, such as Europe/Berlin."
+    )
 
     @field_validator("cron", "time_zone")
     @classmethod
@@ -354,18 +530,57 @@ class ScheduleSpec(_Model):
 
 
 class RunnerPoolSpec(_Model):
-    idle_runners: Count
-    max_runners: Count = 100
-    startup_timeout_seconds: Seconds = 120
+    model_config = ConfigDict(
+        json_schema_extra=_validations(
+            Rule(
+                "self.idleRunners <= self.maxRunners",
+                "idleRunners must not be greater than maxRunners",
+                ".idleRunners",
+            ),
+            Rule(
+                "!has(self.demand) || !has(self.demand.maxIdleRunners) || "
+                "(self.demand.maxIdleRunners >= self.idleRunners && "
+                "self.demand.maxIdleRunners <= self.maxRunners)",
+                "demand.maxIdleRunners must be at least idleRunners and at most maxRunners",
+                ".demand.maxIdleRunners",
+            ),
+            Rule(
+                "self.schedule.all(w, w.idleRunners <= "
+                "(has(self.demand) && has(self.demand.maxIdleRunners) ? "
+                "self.demand.maxIdleRunners : self.maxRunners))",
+                "a schedule window's idleRunners must not be greater than "
+                "demand.maxIdleRunners (when set) or maxRunners",
+                ".schedule",
+            ),
+        )
+    )
+
+    idle_runners: Count = Field(
+        description="Desired warm, unclaimed runners (the scale subresource)."
+    )
+    max_runners: Count = Field(
+        default=100,
+        description="Cap on all runners of the pool (idle, starting, claimed, outdated, "
+        "terminating).",
+    )
+    startup_timeout_seconds: Seconds = Field(
+        default=120, description="A runner not running by then is replaced."
+    )
     claims: ClaimsSpec = Field(default_factory=ClaimsSpec)
-    executions: ExecutionsSpec = Field(default_factory=ExecutionsSpec)
-    runner: RunnerSpec
+    executions: ExecutionsSpec = Field(
+        default_factory=ExecutionsSpec, description="Executions and files in a claimed runner."
+    )
+    runner: RunnerSpec = Field(description="The runner, rendered into a Nomad batch job.")
     nomad: NomadSpec = Field(default_factory=NomadSpec)
     deletion_policy: DeletionPolicy = DeletionPolicy.DRAIN
     drain_timeout_seconds: Seconds = 3600
-    demand: DemandSpec | None = None
+    demand: DemandSpec | None = Field(
+        default=None,
+        description="Size the idle buffer by the measured claim rate; absent, idleRunners "
+        "alone sizes it.",
+    )
     schedule: Annotated[list[ScheduleSpec], Field(max_length=MAX_SCHEDULE_WINDOWS)] = Field(
-        default_factory=list
+        default_factory=list, description="Idle floors by time of day."
     )
 
     @model_validator(mode="after")
@@ -404,7 +619,9 @@ class RunnerPool(_Model):
     api_version: Literal["poolkeeper.dev/v1alpha1"] = API_VERSION
     kind: Literal["RunnerPool"] = KIND
     metadata: ObjectMeta
-    spec: RunnerPoolSpec
+    spec: RunnerPoolSpec = Field(
+        description="The desired pool. Required fields are idleRunners and runner.image."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -453,6 +670,71 @@ class RunnerPool(_Model):
         """The Poseidon execution environment the pool serves (its label), if any."""
         label = self.metadata.labels.get(POSEIDON_ENVIRONMENT_LABEL)
         return None if label is None else int(label)
+
+
+# --- the status: written by the controller (core/status.py), never read as input ---------
+
+# Kubernetes' own bounds of a condition (metav1.Condition).
+CONDITION_TYPE_PATTERN: Final = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+)
+CONDITION_REASON_PATTERN: Final = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+RunnerTotal = Annotated[StrictInt, Field(ge=0)]
+Generation = Annotated[StrictInt, Field(ge=0), _crd(format="int64")]
+Measure = Annotated[float, Field(ge=0)]
+
+
+class StatusCondition(_Model):
+    type: Annotated[StrictStr, Field(max_length=316, pattern=CONDITION_TYPE_PATTERN)]
+    status: Literal["True", "False", "Unknown"]
+    observed_generation: Generation | None = None
+    last_transition_time: datetime
+    reason: Annotated[
+        StrictStr, Field(min_length=1, max_length=1024, pattern=CONDITION_REASON_PATTERN)
+    ]
+    message: Annotated[StrictStr, Field(max_length=32768)]
+
+
+class DemandStatus(_Model):
+    claims_per_minute: Measure | None = None
+    start_seconds_p90: Measure | None = None
+
+
+class RunnerPoolStatus(_Model):
+    """A RunnerPool's status as the controller writes it (``PoolStatus.to_dict``): the
+    CRD's status schema, and what tests hold the controller's writes to."""
+
+    idle_runners: RunnerTotal | None = None
+    starting_runners: RunnerTotal | None = None
+    claimed_runners: RunnerTotal | None = None
+    outdated_runners: RunnerTotal | None = None
+    total_runners: RunnerTotal | None = None
+    desired_idle_runners: RunnerTotal | None = Field(
+        default=None, description="The idle target now."
+    )
+    desired_idle_reason: TargetReason | None = Field(
+        default=None, description="What sets the idle target now."
+    )
+    demand: DemandStatus | None = Field(
+        default=None, description="What the demand estimate measured (pools with spec.demand)."
+    )
+    selector: StrictStr | None = Field(
+        default=None, description="Label selector string for the scale subresource."
+    )
+    template_hash: StrictStr | None = None
+    reconciled_by: StrictStr | None = Field(
+        default=None, description="The process holding the pool's lease (host/pid or pod name)."
+    )
+    observed_generation: Generation | None = None
+    last_reconcile_time: datetime | None = None
+    conditions: (
+        Annotated[
+            list[StatusCondition],
+            _crd(**{"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}),
+        ]
+        | None
+    ) = None
 
 
 def derive_job_prefix(name: str) -> str:

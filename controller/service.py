@@ -12,38 +12,29 @@ import functools
 import logging
 import os
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from controller import __version__
-from controller.claims.store import ClaimStore
-from controller.core.catalog import catalog_path, replica_segment
+from controller.core.catalog import CLAIMS, ENVIRONMENTS, WAITING
 from controller.core.events import EventSink, PoolEvent
 from controller.core.leases import DEFAULT_TTL_SECONDS, MIN_TTL_SECONDS
+from controller.core.paths import catalog_path
 from controller.core.readiness import Readiness
 from controller.core.times import utcnow
-from controller.directory.catalog import CatalogDirectory
-from controller.directory.doorbell import CLAIMS, ENVIRONMENTS, WAITING, Doorbell, DoorbellWatch
-from controller.directory.waiting import WaitingPublisher, WaitingReader
 from controller.engine.directory import EngineDirectory
 from controller.engine.engine import Clock, Engine
 from controller.engine.publish import StatusSink
 from controller.errors import UsageError
-from controller.metrics import Metrics
 from controller.nomad.config import NomadConfig
 from controller.nomad.errors import NomadError
 from controller.nomad.events import EventWatcher
-from controller.poseidon.context import EnvironmentMode
 from controller.serving import (
-    ApiServer,
-    NomadSessions,
     Periodic,
+    Serving,
     ServingSettings,
-    environment_template,
     serving_settings,
 )
-from controller.sources.environments import EnvironmentStore
 
 log = logging.getLogger(__name__)
 
@@ -90,12 +81,17 @@ class Service:
         """`orphan_advice`: how this front door removes runner jobs of undefined pools."""
         self.service_settings = settings
         self.nomad = nomad
-        self.metrics = Metrics()
-        user_agent = f"poolkeeper/{__version__} ({self.identity()})"
-        self.sessions = NomadSessions.open(nomad, self.metrics, user_agent)
-        self.client = self.sessions.client
-        store = ClaimStore(self.client, self.sessions.watch)
-        home = nomad.namespace or "default"
+        # Pools other reconcilers hold are offered from the catalog they publish.
+        self.serving = Serving(
+            settings,
+            nomad,
+            self.identity(),
+            clock=clock,
+            own=self._published_here,
+            wanted=self._held_elsewhere,
+        )
+        self.metrics, self.sessions = self.serving.metrics, self.serving.sessions
+        self.client, records = self.sessions.client, self.serving.records
         self.engine = Engine(
             self.client,
             self.metrics,
@@ -103,45 +99,22 @@ class Service:
             clock=clock,
             on_status=on_status,
             on_event=on_event,
-            home_namespace=home,
+            home_namespace=self.serving.home,
             prune=settings.prune,
             orphan_advice=orphan_advice,
             identity=self.identity(),
             lease_ttl_seconds=settings.lease_ttl_seconds,
-            store=store,
-            watcher=self.sessions.watch,
-        )
-        replica = replica_segment(self.identity())
-        self.doorbell = Doorbell(self.client, home, replica, clock)
-        # Pools other reconcilers hold are offered from the catalog they publish.
-        self._waiting_here = WaitingPublisher(self.client, home, replica, clock, self.doorbell)
-        self.catalog = CatalogDirectory(
-            self.sessions.watch,
-            home,
-            self.doorbell,
-            self._waiting_here,
-            clock=clock,
-            own=self._published_here,
-            wanted=self._held_elsewhere,
+            records=records,
+            keeps_environments=self.serving.manages_environments,
         )
         self.directory = EngineDirectory(
-            self.engine, ring=self._ring_claims, catalog=self.catalog, unread=self.pools_unread
+            self.engine,
+            ring=self._ring_claims,
+            catalog=self.serving.catalog,
+            unread=self.pools_unread,
         )
-        poseidon = settings.poseidon
-        self.environments = (
-            EnvironmentStore(
-                self.client,
-                home,
-                environment_template(poseidon.environment_template),
-                self.engine,
-                active=self.registers_pools,
-            )
-            if poseidon.enabled and poseidon.environments is EnvironmentMode.MANAGED
-            else None
-        )
-        self.api = ApiServer(
-            settings, self.directory, self.sessions, store, self.metrics, self.environments
-        )
+        self.api = self.serving.serve_over(self.directory, self.engine, active=self.registers_pools)
+        self.environments = self.serving.environments
         self.claims, self.runners = self.api.claims, self.api.runners
         self.executions, self.files, self.tokens = (
             self.api.executions,
@@ -155,8 +128,7 @@ class Service:
             at_once=True,
         )
         # What API replicas tell the reconcilers: claims changed, requests wait.
-        self._waiting = WaitingReader(self.client, home, clock)
-        self._doorbell_watch = DoorbellWatch(self.sessions.watch, home, self._answer_doorbell)
+        self._doorbell_watch = records.doorbell_watch(self._answer_doorbell)
         self._waiting_refresh = Periodic(
             "waiting records", lambda: settings.resync_seconds, self._read_waiting
         )
@@ -200,20 +172,19 @@ class Service:
         """Start the one listener for API, health and metrics, and follow what API
         replicas tell the reconcilers and the catalog; returns the listener's URL."""
         url = await self.api.serve(ready)
-        self.catalog.start()
+        self.serving.catalog.start()
         self._doorbell_watch.start()
         self._waiting_refresh.start()
         return url
 
     def _ring_claims(self, key: str) -> None:
-        self.doorbell.ring(CLAIMS, key)
+        self.serving.records.doorbell.ring(CLAIMS, key)
 
-    async def _answer_doorbell(self, items: Mapping[str, str]) -> None:
+    async def _answer_doorbell(self, reasons: frozenset[str]) -> None:
         """An API replica rang: look at every namespace now (claims were taken or ended),
         and read what it says changed."""
         for namespace in self.engine.namespaces():
             self.engine.hint_namespace(namespace)
-        reasons = set(items.get("reasons", "").split(","))
         if WAITING in reasons:
             await self._read_waiting()
         if ENVIRONMENTS in reasons and self.environments is not None:
@@ -221,7 +192,7 @@ class Service:
 
     async def _read_waiting(self) -> None:
         try:
-            self.engine.waiting_elsewhere(await self._waiting.read())
+            self.engine.waiting_elsewhere(await self.serving.records.waiting_elsewhere.read())
         except NomadError as error:
             log.warning("cannot read the API replicas' waiting claim requests: %s", error)
 
@@ -251,12 +222,7 @@ class Service:
         await self._environment_refresh.stop()
 
     async def _refresh_environments(self) -> None:
-        assert self.environments is not None  # only started with managed environments
-        try:
-            await self.environments.refresh()
-        except NomadError as error:
-            log.warning("cannot read the Poseidon environments from Nomad: %s", error)
-        else:
+        if await self.serving.refresh_environments():
             self.sync_watchers()  # an environment's pool may be in a namespace new here
 
     async def resume_drains(self, keep_going: Callable[[], bool] = lambda: True) -> None:
@@ -307,8 +273,6 @@ class Service:
         await self.stop_environments()
         await self.stop_watchers()
         await self.engine.stop()
-        await self.catalog.stop()
+        await self.serving.catalog.stop()
         await self.api.close()
-        await self._waiting_here.close()
-        await self.doorbell.close()
-        await self.sessions.close()
+        await self.serving.close()

@@ -1,7 +1,9 @@
-"""What `run`, `operator` and `api` serve alike: the one HTTP listener (the API, the
-Poseidon API, health and metrics) and the claim path over a pool directory, on Nomad
-sessions of their own. A reconciling process gives it the engine as its directory
-(service.py); the API tier the catalog (api_tier.py)."""
+"""What `run`, `operator` and `api` serve alike, assembled once (`Serving`): the Nomad
+sessions, the shared records in Nomad (records/), the catalog of the pools other
+processes hold, the managed Poseidon environments, and the one HTTP listener (the API,
+the Poseidon API, health and metrics) with the claim path over a pool directory. A
+reconciling process gives it the engine as its directory (service.py); the API tier the
+catalog (api_tier.py)."""
 
 from __future__ import annotations
 
@@ -13,11 +15,13 @@ import ssl
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from controller import __version__
 from controller.api.app import create_app
 from controller.api.auth import (
     Token,
@@ -30,8 +34,10 @@ from controller.api.openapi import extended
 from controller.api.routes import OPENAPI_KEY
 from controller.claims.runners import RunnerClaims
 from controller.claims.service import ClaimService
-from controller.claims.store import ClaimStore
+from controller.core.leases import DEFAULT_TTL_SECONDS
 from controller.core.readiness import Readiness
+from controller.core.times import utcnow
+from controller.directory.catalog import CatalogDirectory
 from controller.directory.view import PoolDirectory
 from controller.errors import UsageError
 from controller.executions.activity import WATCH_SECONDS
@@ -41,15 +47,19 @@ from controller.logs import http_server_logger
 from controller.metrics import Metrics
 from controller.nomad.client import NomadClient
 from controller.nomad.config import ConfigError, NomadConfig
+from controller.nomad.errors import NomadError
 from controller.nomad.exec import NomadExec
 from controller.poseidon.app import create_poseidon_app
 from controller.poseidon.context import PREFIX as POSEIDON_PREFIX
 from controller.poseidon.context import EnvironmentMode, Poseidon, PoseidonSettings
 from controller.poseidon.openapi import openapi_part
+from controller.records.claims import ClaimStore
+from controller.records.shared import SharedRecords
 from controller.sources.environments import (
     EnvironmentInvalid,
     EnvironmentStore,
     EnvironmentTemplate,
+    Registrar,
 )
 from controller.tasks import Background
 
@@ -164,7 +174,7 @@ class Periodic:
         self,
         name: str,
         seconds: Callable[[], float],
-        step: Callable[[], Awaitable[None]],
+        step: Callable[[], Awaitable[object]],
         *,
         at_once: bool = False,
     ) -> None:
@@ -266,6 +276,88 @@ class NomadSessions:
         await self.exec.close()
         await self.watch.close()
         await self.client.close()
+
+
+class Serving:
+    """What every serving process assembles alike, in two steps: the sessions, the shared
+    records and the catalog first (a reconciler's engine is built on the records), then,
+    over the process's pool directory, the managed environments and the listener."""
+
+    def __init__(
+        self,
+        settings: ServingSettings,
+        nomad: NomadConfig,
+        identity: str,
+        *,
+        api_tier: bool = False,
+        clock: Callable[[], datetime] = utcnow,
+        own: Callable[[], set[str]] = set,
+        wanted: Callable[[], bool] = lambda: True,
+    ) -> None:
+        """`identity`: who this process is to the others; `own` and `wanted`: which
+        catalog records it publishes itself, and whether it follows the catalog now
+        (directory/catalog.py)."""
+        self.settings = settings
+        self.metrics = Metrics()
+        kind = "api " if api_tier else ""
+        user_agent = f"poolkeeper/{__version__} ({kind}{identity})"
+        self.sessions = NomadSessions.open(nomad, self.metrics, user_agent)
+        self.home = nomad.namespace or "default"
+        self.records = SharedRecords(
+            self.sessions.client, self.sessions.watch, self.home, identity, clock
+        )
+        self.catalog = CatalogDirectory(self.records, clock=clock, own=own, wanted=wanted)
+        self.environments: EnvironmentStore | None = None
+        # The API tier reads who runs the managed environments from the member records.
+        self._members = self.records.members(DEFAULT_TTL_SECONDS) if api_tier else None
+
+    @property
+    def manages_environments(self) -> bool:
+        poseidon = self.settings.poseidon
+        return poseidon.enabled and poseidon.environments is EnvironmentMode.MANAGED
+
+    def serve_over(
+        self,
+        directory: PoolDirectory,
+        registrar: Registrar | None,
+        *,
+        active: Callable[[], bool] = lambda: True,
+        on_written: Callable[[], None] = lambda: None,
+    ) -> ApiServer:
+        """The managed environments (registered with `registrar`, when this process
+        reconciles) and the listener over `directory`."""
+        if self.manages_environments:
+            template = environment_template(self.settings.poseidon.environment_template)
+            self.environments = EnvironmentStore(
+                self.records.environments, template, registrar, active=active, on_written=on_written
+            )
+        return ApiServer(
+            self.settings,
+            directory,
+            self.sessions,
+            self.records.claims,
+            self.metrics,
+            self.environments,
+        )
+
+    async def refresh_environments(self) -> bool:
+        """Read the managed environments again; whether they could be read (a failure is
+        logged: the next refresh tries again)."""
+        assert self.environments is not None  # only refreshed with managed environments
+        try:
+            await self.environments.refresh()
+            if self._members is not None:
+                membership = await self._members.live(collect=False)
+                self.environments.note_keepers(membership.environments)
+        except NomadError as error:
+            log.warning("cannot read the Poseidon environments from Nomad: %s", error)
+            return False
+        return True
+
+    async def close(self) -> None:
+        """What this process owes the others written, then the sessions closed."""
+        await self.records.close()
+        await self.sessions.close()
 
 
 class ApiServer:

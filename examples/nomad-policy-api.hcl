@@ -46,9 +46,13 @@ namespace "default" {
     path "poolkeeper/waiting/*" {
       capabilities = ["write", "destroy"]
     }
-    # --poseidon-environments managed only: PUT and DELETE of execution environments.
+    # --poseidon-environments managed only: PUT and DELETE of execution environments;
+    # and the reconcilers' member records, read to know whether any runs them.
     path "poolkeeper/environments/*" {
       capabilities = ["read", "list", "write", "destroy"]
+    }
+    path "poolkeeper/members/*" {
+      capabilities = ["read", "list"]
     }
   }
 }

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Builds the test cluster's binary (tools/kube: etcd, kube-apiserver and kubectl in one
-# multicall binary) into .cache/kube/bin/, with the names etcd, kube-apiserver and kubectl
-# as symlinks to it. A no-op when the binary is current: a stamp holds a hash of go.mod,
-# go.sum, the .go files, this script and `go version`.
+# Builds the test cluster's binary (tools/kube: etcd, kube-apiserver and kubectl, and the
+# node's kubelet, kube-scheduler, kube-controller-manager and kube-proxy, in one multicall
+# binary) into .cache/kube/bin/, with each of those names a symlink to it; and beside it
+# `pause`, the node's pod sandbox process (tools/kube/pause, a small static binary). A no-op
+# when both are current: a stamp holds a hash of go.mod, go.sum, the .go files, this script
+# and `go version`. `kube cri-reset` clears a container runtime's pods (the node's teardown).
 #
 # Usage: scripts/build-kube.sh [--force]
 # Environment: KUBE_BIN_DIR (default .cache/kube/bin); GOMODCACHE, GOCACHE, GOFLAGS as usual.
@@ -16,12 +18,14 @@ script="$root/scripts/$(basename "${BASH_SOURCE[0]}")"
 src="$root/tools/kube"
 bin_dir=${KUBE_BIN_DIR:-"$root/.cache/kube/bin"}
 case "$bin_dir" in /*) ;; *) bin_dir="$root/$bin_dir" ;; esac
-names=(etcd kube-apiserver kubectl)
+names=(
+  etcd kube-apiserver kubectl kubelet kube-scheduler kube-controller-manager kube-proxy cri-reset
+)
 force=0
 for arg in "$@"; do
   case "$arg" in
     --force) force=1 ;;
-    -h | --help) sed -n '2,11p' "$script" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,13p' "$script" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "build-kube: unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
@@ -55,13 +59,14 @@ hash=$(
   cd "$src"
   {
     echo "$go_version"
-    sha256sum go.mod go.sum ./*.go
+    sha256sum go.mod go.sum ./*.go pause/*.go
     sha256sum <"$script" # the content, not the path: every checkout finds the same binary current
   } | sha256sum | cut -d' ' -f1
 )
 
 current=1
-[[ $force == 0 && -x $binary && -f $stamp && $(cat "$stamp") == "$hash" ]] || current=0
+[[ $force == 0 && -x $binary && -x $bin_dir/pause && -f $stamp && $(cat "$stamp") == "$hash" ]] \
+  || current=0
 for name in "${names[@]}"; do
   [[ $(readlink "$bin_dir/$name" 2>/dev/null) == kube ]] || current=0
 done
@@ -70,7 +75,7 @@ if [[ $current == 1 ]]; then
   exit 0
 fi
 
-say "building $binary: kube-apiserver + kubectl $kube_version, etcd $etcd_version, $go_version"
+say "building $binary: kubernetes $kube_version (${names[*]:1}), etcd $etcd_version, $go_version"
 say "GOMODCACHE=$(go env GOMODCACHE) GOCACHE=$(go env GOCACHE) GOPROXY=$(go env GOPROXY)"
 ldflags=(
   -s -w
@@ -114,6 +119,13 @@ then
   rm -f "$binary.new"
   die "go build failed"
 fi
+if ! (cd "$src" && go build -trimpath -ldflags="-s -w" -o "$bin_dir/pause.new" ./pause) >>"$log" 2>&1
+then
+  cat "$log" >&2
+  rm -f "$binary.new" "$bin_dir/pause.new"
+  die "go build of pause failed"
+fi
+mv -f "$bin_dir/pause.new" "$bin_dir/pause"
 mv -f "$binary.new" "$binary"
 for name in "${names[@]}"; do
   ln -sfn kube "$bin_dir/$name"

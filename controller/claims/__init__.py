@@ -8,7 +8,7 @@ Records (all Nomad variables in the runner's Nomad namespace; shapes in core/cla
 - `poolkeeper/requests/<requestId>`: what a requestId asked for (its pools, a batch's
   count) and, once claimed, the pool and the runner (or a batch's runners).
 
-Rules (every write goes through ClaimStore, store.py):
+Rules (every write goes through ClaimStore, records/claims.py):
 1. Claiming creates the claim with cas=0: of two claimers of one runner exactly one wins.
 2. Every later change (keepalive, release, expiry, loss, retirement) is a check-and-set
    on the ModifyIndex last read, so two racing changes always have exactly one winner;

@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from controller.claims.runners import gone, read_claim
-from controller.claims.store import ClaimStore
 from controller.claims.taking import Ask, Taker
 from controller.core.claims import ClaimRecord, RequestRecord
 from controller.directory.view import PoolEntry
 from controller.errors import ErrorCode, ServiceError
 from controller.nomad.errors import NomadError
+from controller.records.claims import ClaimStore
 
 log = logging.getLogger(__name__)
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from controller.claims.store import ClaimStore
 from controller.core.claims import ClaimRecord, ClaimState, MalformedClaim
 from controller.core.runner_ids import RUNNER_ID_PATTERN, is_runner_id
 from controller.directory.view import PoolDirectory, PoolEntry
 from controller.errors import ErrorCode, ServiceError
 from controller.metrics import Metrics
 from controller.nomad.errors import NomadError
+from controller.records.claims import ClaimStore
 
 log = logging.getLogger(__name__)
 

@@ -14,15 +14,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from controller.claims.outcomes import ClaimOutcome, pool_label
 from controller.claims.requests import RequestIds
 from controller.claims.runners import unavailable
-from controller.claims.store import ClaimStore
 from controller.claims.taking import Ask, Taker
 from controller.core.claims import ClaimRecord
 from controller.directory.view import PoolDirectory, PoolEntry
 from controller.errors import ErrorCode, ServiceError
 from controller.metrics import Metrics
 from controller.nomad.errors import NomadError
+from controller.records.claims import ClaimStore
 
 MAX_WAIT_SECONDS = 30.0
 
@@ -66,7 +67,7 @@ class ClaimService:
         or a batch of `count` runners of one pool, all or nothing. With `wait_seconds` it
         waits for runners in any of them."""
         started = time.perf_counter()
-        result, label = "error", keys[0]
+        outcome, pool = ClaimOutcome.NOMAD_ERROR, keys[0]
         try:
             entries = tuple(self._claimable_pool(key) for key in keys)
             ask = Ask(
@@ -79,18 +80,19 @@ class ClaimService:
                 records, created = await self.taker.take(ask, None), True
             else:
                 records, created = await self.request_ids.take(ask, request.request_id)
-            label = records[0].pool
-            result = "claimed" if created else "repeated"
+            pool = records[0].pool
+            outcome = ClaimOutcome.CLAIMED if created else ClaimOutcome.REPEATED
             return Claimed(records, created)
         except ServiceError as error:
-            result = "empty" if error.code is ErrorCode.POOL_EMPTY else "rejected"
+            outcome = ClaimOutcome.of(error)
             raise
         except NomadError as error:
             # Whatever Nomad failed at (a read while answering a repeated requestId, an
             # unexpected conflict), the client gets a 503 to retry, never a 500.
             raise unavailable(error) from None
         finally:
-            self.metrics.claims_total.labels(pool=label, result=result).inc()
+            label = pool_label(pool, pool in self.directory.pools)
+            self.metrics.claims_total.labels(pool=label, result=outcome.answers.result).inc()
             self.metrics.claim_duration.observe(time.perf_counter() - started)
 
     async def drain(self) -> None:

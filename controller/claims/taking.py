@@ -4,9 +4,22 @@ of a list that has them, waiting for runners when the request allows it.
 Runners are tried in the pool's offer order (current template first), at random within
 each group, so concurrent claimers (and replicas) spread over different runners. A runner
 this process claimed is not tried again while the pool's offer still lists it (the offer
-was made before the claim). An offer may list only some of a pool's idle runners (the
-API tier's catalog caps it); a claim that finds all of those taken waits for the next
-offer rather than answer PoolEmpty while the pool has idle runners.
+was made before the claim).
+
+How stale an offer may be: it is what the pool's last pass observed, so it is at most one
+pass old; a runner whose job Nomad reported changed (an event) after that pass's
+observation began is not handed out until a pass has seen it again (`unsettled`: a claim
+written meanwhile is given back), so a runner whose job went is never handed out from
+an offer older than the event. Only a change Nomad sends no event about (the event stream
+down) can make an offer older than the job: then it is at most the resync period and a
+pass old, and the next pass ends such a claim as lost. Events reach the pool's lease
+holder only: an API replica's offer is the holder's last published one (which leaves such
+runners out), so there an event counts from the holder's next pass and the follow.
+
+A claim that finds nothing waits for the pool's next offer (at most NEXT_OFFER_SECONDS)
+rather than answer PoolEmpty where the offer cannot tell: it lists only some of the
+pool's idle runners (the API tier's catalog caps it), it was made before this process
+last failed to read Nomad (not `current`), or it held back unsettled runners.
 """
 
 from __future__ import annotations
@@ -20,13 +33,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from controller.claims.store import ClaimStore
 from controller.core.claims import ClaimRecord
 from controller.core.demand import start_items
 from controller.core.offers import Offered
 from controller.directory.view import PoolDirectory, PoolEntry
 from controller.errors import ErrorCode, ServiceError
 from controller.nomad.errors import NomadError
+from controller.records.claims import ClaimStore
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +92,12 @@ class Taker:
                 waiting.answered = records is not None and records[0].pool == preferred.key
         if records is None:
             names = ", ".join(entry.key for entry in entries)
-            if not any(entry.observed for entry in entries):
-                # Not "empty": this process has not read the pools from Nomad yet.
-                raise ServiceError(ErrorCode.NOMAD_UNAVAILABLE, f"not read from Nomad yet: {names}")
+            if not any(entry.current for entry in entries):
+                # Not "empty": this process has not read the pools since Nomad answered.
+                raise ServiceError(
+                    ErrorCode.NOMAD_UNAVAILABLE,
+                    f"not read from Nomad yet, or not since it failed to answer: {names}",
+                )
             wanted = "an idle runner" if count == 1 else f"{count} idle runners"
             raise ServiceError(ErrorCode.POOL_EMPTY, f"no pool has {wanted}: {names}")
         return records
@@ -107,22 +123,26 @@ class Taker:
     async def _take_beyond_offers(
         self, ask: Ask, request_id: str | None
     ) -> list[ClaimRecord] | None:
-        """Where a pool's offer lists only some of its idle runners (the API tier's catalog
-        caps it) and none of those is free, its holder offers others after its next pass:
-        wait for that (at most NEXT_OFFER_SECONDS) rather than answer that the pool is
-        empty while it has idle runners."""
+        """Where a pool's offer cannot tell that it is empty (see the module's docstring),
+        its reconciler offers what it has after its next pass: wait for that (at most
+        NEXT_OFFER_SECONDS) rather than answer that the pool is empty."""
         deadline = time.monotonic() + NEXT_OFFER_SECONDS
         while (remaining := deadline - time.monotonic()) > 0:
-            capped = [
+            undecided = [
                 entry
                 for entry in (self.directory.pools.get(e.key) for e in ask.entries)
-                if entry is not None and entry.more_than_offered
+                if entry is not None
+                and (
+                    entry.more_than_offered
+                    or not entry.current
+                    or entry.unsettled & entry.offer.runner_ids  # held back
+                )
             ]
-            if not capped:
+            if not undecided:
                 return None
-            for entry in capped:
-                self.directory.runners_taken(entry)  # its holder looks now
-            await self._wait_for_any(capped, remaining)
+            for entry in undecided:
+                self.directory.runners_taken(entry)  # its reconciler looks now
+            await self._wait_for_any(undecided, remaining)
             records = await self._take_first(ask.entries, ask.runners, ask.inactivity, request_id)
             if records is not None:
                 return records
@@ -153,7 +173,9 @@ class Taker:
         try:
             for offered in self._candidates(entry):
                 record = await self._try_claim(entry, offered, inactivity, request_id, claimed_at)
-                if record is not None:
+                if record is not None and record.runner_id in entry.unsettled:
+                    await self._give_back(entry, [record])  # its job changed meanwhile
+                elif record is not None:
                     taken.append(record)
                     if len(taken) == count:
                         return taken
@@ -186,7 +208,7 @@ class Taker:
         checked as each runner comes up, so a claim costs what it tries rather than the
         size of the pool, and a runner a concurrent claimer took meanwhile is skipped
         instead of costing a lost check-and-set."""
-        offer = entry.offer
+        offer, unsettled = entry.offer, entry.unsettled
         taken = self._taken.setdefault(entry.key, set())
         taken &= offer.runner_ids  # an offer made after the claim no longer lists it
         for group in (offer.current, offer.rest):
@@ -196,7 +218,7 @@ class Taker:
                 chosen = swapped.get(j, j)
                 swapped[j] = swapped.get(i, i)
                 offered = group[chosen]
-                if offered.runner_id not in taken:
+                if offered.runner_id not in taken and offered.runner_id not in unsettled:
                     yield offered
 
     async def _try_claim(

@@ -9,7 +9,9 @@ pool from ever having two holders; the assignment only decides who tries.
 - Balance: with N members defining the same P pools, none is assigned more than ⌈P/N⌉.
 - Few moves: a member keeps the pools it holds, up to that share, preferring those it
   weighs highest; only the rest is dealt out, each to the candidate with the fewest so far.
-- Every pool a live member defines is assigned to one of the members that define it.
+- Every pool a live member defines is assigned to one of the members that define it, and
+  not to one whose record says it could not keep the pool's lease (its renewals failed)
+  while another defines it too.
 
 Weights are rendezvous hashes of (member, pool): stable, different for each member, so the
 pools a member keeps or receives do not depend on the order anything was read in.
@@ -34,10 +36,14 @@ def share(members: Mapping[str, frozenset[str]]) -> int:
 
 
 def assign(
-    members: Mapping[str, frozenset[str]], holders: Mapping[str, str]
+    members: Mapping[str, frozenset[str]],
+    holders: Mapping[str, str],
+    lapsed: Mapping[str, frozenset[str]] | None = None,
 ) -> dict[str, frozenset[str]]:
     """Member identity -> the pools it is to hold. `members`: the live members and the pools
-    each defines; `holders`: pool -> the identity holding its lease now (absent: nobody)."""
+    each defines; `holders`: pool -> the identity holding its lease now (absent: nobody);
+    `lapsed`: member -> the pools whose leases it could not keep."""
+    lapsed = lapsed or {}
     most = share(members)
     assigned: dict[str, set[str]] = {identity: set() for identity in members}
     # Keep: what a member holds and defines, up to its share, its highest weights first.
@@ -49,7 +55,9 @@ def assign(
     # Deal out the rest: each to the candidate with the fewest so far, the heaviest on ties.
     rest = sorted(set().union(*members.values()) - kept) if members else []
     for pool in rest:
-        candidates = [identity for identity, defined in members.items() if pool in defined]
+        defining = [identity for identity, defined in members.items() if pool in defined]
+        fit = [identity for identity in defining if pool not in lapsed.get(identity, ())]
+        candidates = fit or defining
         chosen = min(
             candidates, key=lambda identity: (len(assigned[identity]), -weight(identity, pool))
         )

@@ -1,6 +1,6 @@
 """What reconcilers and API replicas tell each other, as Nomad variables in the
 controller's own Nomad namespace (the home namespace both sides share). Pure: the
-records and their items; the I/O is in engine/catalog.py and directory/.
+records and their items (their paths are in core/paths.py, their I/O in records/).
 
 - `poolkeeper/catalog/<namespace>~<name>`: a pool as its lease holder publishes it for
   the API tier: its spec (without `jobTemplate`, which only the reconciler renders), its
@@ -14,7 +14,7 @@ records and their items; the I/O is in engine/catalog.py and directory/.
   replica lives, so a dead replica's requests stop counting.
 - `poolkeeper/doorbell`: rung (written) by an API replica when claims changed (runners
   taken or ended, requests waiting, environments written); reconcilers watch it with a
-  blocking read and look at once instead of at their next resync.
+  blocking read and look at once instead of at their next resync (Ring).
 
 Every item is a string, as Nomad requires; structured ones are JSON. A record that does
 not decode is refused as a whole (CatalogError), never half read.
@@ -33,14 +33,6 @@ from controller.core.demand import StartSample
 from controller.core.offers import Offer, Offered
 from controller.core.times import format_time, parse_time
 
-CATALOG_PREFIX: Final = "poolkeeper/catalog/"
-MEMBERS_PREFIX: Final = "poolkeeper/members/"
-# What reconcilers write on their own schedule, whatever clients do: the catalog, and their
-# member records (engine/members.py).
-RECONCILER_RECORDS: Final = (CATALOG_PREFIX, MEMBERS_PREFIX)
-WAITING_PREFIX: Final = "poolkeeper/waiting/"
-DOORBELL_PATH: Final = "poolkeeper/doorbell"
-
 # Nomad refuses a variable whose items (keys and values) add up to more than 64 KiB.
 VARIABLE_BYTES: Final = 64 * 1024
 # Room a record leaves unused, for the JSON of its write and for safety.
@@ -56,11 +48,6 @@ WAITING_TTL_SECONDS: Final = 30.0
 
 class CatalogError(ValueError):
     """A record whose items do not decode."""
-
-
-def catalog_path(key: str) -> str:
-    """`<namespace>/<name>` with `/` and `.` as `~` (variable paths allow no `.`)."""
-    return CATALOG_PREFIX + key.replace("/", "~").replace(".", "~")
 
 
 @dataclass(frozen=True)
@@ -236,6 +223,36 @@ def decode_offer(value: Any) -> Offer:
     return Offer(offered(value.get("current")), offered(value.get("rest")))
 
 
+# Why the doorbell rang.
+CLAIMS: Final = "claims"  # runners taken or ended: replace or purge them
+WAITING: Final = "waiting"  # requests wait: read the waiting records
+ENVIRONMENTS: Final = "environments"  # Poseidon environments written: read them
+
+
+@dataclass(frozen=True)
+class Ring:
+    """The doorbell as last rung: who rang, when, why, and which pools it concerns (two
+    rings may overwrite each other's, so a reader takes any ring as a reason to look)."""
+
+    by: str
+    at: datetime
+    reasons: frozenset[str]
+    pools: frozenset[str]
+
+    def to_items(self) -> dict[str, str]:
+        return {
+            "by": self.by,
+            "at": format_time(self.at),
+            "reasons": ",".join(sorted(self.reasons)),
+            "pools": ",".join(sorted(self.pools)),
+        }
+
+    @classmethod
+    def reasons_in(cls, items: Mapping[str, Any]) -> frozenset[str]:
+        """The reasons a ring's items give (none where they do not say)."""
+        return frozenset(r for r in str(items.get("reasons") or "").split(",") if r)
+
+
 @dataclass(frozen=True)
 class WaitingRecord:
     """The requests one API replica holds waiting: per pool, when each (runner) arrived,
@@ -278,16 +295,6 @@ class WaitingRecord:
 
     def expired(self, now: datetime) -> bool:
         return now >= self.expires_at
-
-
-def waiting_path(replica: str) -> str:
-    return WAITING_PREFIX + replica
-
-
-def replica_segment(identity: str) -> str:
-    """A process identity (`host/pid`) as a variable path segment."""
-    allowed = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_"
-    return "".join(c if c in allowed else "-" for c in identity)[:80] or "replica"
 
 
 @dataclass

@@ -3,7 +3,7 @@ held, by whom and until when, and the changes a claim goes through.
 
 A claim is created with check-and-set 0 and every later change is a check-and-set on the
 ModifyIndex last read (docs/reference.md, "What poolkeeper keeps in Nomad"); the I/O of
-that lives in `controller.claims.store`. Everything here is pure.
+that lives in `controller.records.claims`. Everything here is pure.
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ from enum import StrEnum
 from typing import Any
 
 from controller.core.fields import int_field, str_field
+from controller.core.paths import CLAIMS_PREFIX, REQUESTS_PREFIX, claim_path, request_path
 from controller.core.runner_ids import RUNNER_ID_PATTERN
 from controller.core.times import format_time, parse_time
 
-CLAIMS_PREFIX = "poolkeeper/claims/"
-REQUESTS_PREFIX = "poolkeeper/requests/"
 TOMBSTONE_RETENTION = timedelta(minutes=10)
 
 # Claim items this module understands; anything else is kept in ClaimRecord.extra.
@@ -69,14 +68,6 @@ class ClaimState(StrEnum):
 
 class MalformedClaim(ValueError):
     """A claim variable whose required items are missing or unparseable."""
-
-
-def claim_path(runner_id: str) -> str:
-    return CLAIMS_PREFIX + runner_id
-
-
-def request_path(request_id: str) -> str:
-    return REQUESTS_PREFIX + request_id
 
 
 def runner_id_from_claim_path(path: str) -> str | None:

@@ -16,17 +16,10 @@ from typing import Any
 
 from controller.core.times import format_time
 
-LEASES_PREFIX = "poolkeeper/leases/"
 # Nomad bounds a lock's TTL to 10 s .. 24 h; the lock delay only to >= 0.
 DEFAULT_TTL_SECONDS = 10.0
 MIN_TTL_SECONDS = 10.0
 LOCK_DELAY_SECONDS = 5.0
-
-
-def lease_path(key: str) -> str:
-    """`<namespace>/<name>` with `/` and `.` as `~` (variable paths allow neither `.` in a
-    useful way nor a second level we want)."""
-    return LEASES_PREFIX + key.replace("/", "~").replace(".", "~")
 
 
 def takeover_seconds(ttl_seconds: float) -> float:

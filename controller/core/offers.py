@@ -48,6 +48,15 @@ class Offer:
         current = self.current[:most]
         return Offer(current, self.rest[: most - len(current)])
 
+    def without(self, runner_ids: frozenset[str]) -> Offer:
+        """The offer without these runners."""
+        if not runner_ids & self.runner_ids:
+            return self
+        return Offer(
+            tuple(o for o in self.current if o.runner_id not in runner_ids),
+            tuple(o for o in self.rest if o.runner_id not in runner_ids),
+        )
+
 
 EMPTY = Offer()
 

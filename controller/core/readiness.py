@@ -27,7 +27,7 @@ class Readiness:
     reconciles: tuple[str, ...] = ()  # pools this process reconciles now
     elsewhere: Mapping[str, str] = field(default_factory=dict)  # pool -> its live holder
     unreconciled: tuple[str, ...] = ()  # pools this process should reconcile; nobody does
-    reason: str = ""  # why it serves nothing (a passive operator replica)
+    reason: str = ""  # why it serves nothing (an API replica that cannot read the catalog)
     waiting: str = ""  # what it waits for before it knows every pool (RunnerPools listed)
 
     @property
@@ -51,7 +51,8 @@ class Readiness:
 
     @classmethod
     def idle(cls, reason: str) -> Readiness:
-        """A process that serves nothing now (a passive operator replica), and why."""
+        """A process that serves nothing now (an API replica that cannot read the catalog),
+        and why."""
         return cls((), reason=reason)
 
 

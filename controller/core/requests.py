@@ -13,7 +13,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from controller.core.claims import REQUESTS_PREFIX, ClaimRecord
+from controller.core.claims import ClaimRecord
+from controller.core.paths import REQUESTS_PREFIX
 from controller.core.times import to_ns
 
 # Twice as long as any claim can take: the record is written before a wait of at most

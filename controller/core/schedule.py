@@ -52,7 +52,7 @@ def time_zone_problem(name: str) -> str | None:
     """Why `name` is not an IANA time zone known to zoneinfo, or None."""
     try:
         ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
+    except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a directory, too long
         return f"unknown time zone {name!r} (an IANA name such as Europe/Berlin or UTC)"
     return None
 

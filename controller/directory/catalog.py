@@ -2,9 +2,8 @@
 (core/catalog.py), followed with blocking lists, so an API replica reconciles nothing,
 holds no lease and needs nothing but Nomad.
 
-A blocking list of the catalog returns on any variable's change (Nomad blocks a list on
-its table's index), so the follower reads again only the records whose ModifyIndex
-moved, and lists at most every FOLLOW_GAP_SECONDS. While the catalog cannot be read the
+The catalog is followed with the one blocking-list follower (records/reading.py), which
+reads again only the records whose ModifyIndex moved. While the catalog cannot be read the
 directory says so (`available`), and the claim path answers NomadUnavailable instead of
 from what it last read. A claim or a release rings the doorbell: the pool's holder
 replaces or purges the runner at once.
@@ -16,11 +15,11 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any, Final
+from typing import Any
 
 from pydantic import ValidationError
 
-from controller.core.catalog import CATALOG_PREFIX, CatalogError, CatalogRecord
+from controller.core.catalog import CLAIMS, CatalogError, CatalogRecord
 from controller.core.claims import ClaimState
 from controller.core.offers import Offer
 from controller.core.problems import PoolProblem, Problem
@@ -28,20 +27,12 @@ from controller.core.runner_ids import is_runner_id
 from controller.core.times import utcnow
 from controller.core.views import NodeView
 from controller.core.waiting import WaitingClaims
-from controller.directory.doorbell import CLAIMS, Doorbell
 from controller.directory.view import PoolEntry
-from controller.directory.waiting import WaitingPublisher
 from controller.model import RunnerPool
-from controller.nomad.errors import NomadError
-from controller.nomad.port import VariableLists
-from controller.tasks import Background
+from controller.records.reading import Known
+from controller.records.shared import SharedRecords
 
 log = logging.getLogger(__name__)
-
-FOLLOW_GAP_SECONDS: Final = 0.025
-WAIT_SECONDS: Final = 8.0
-RETRY_SECONDS: Final = (0.5, 5.0)
-UNWANTED_CHECK_SECONDS: Final = 0.25
 
 
 class CatalogPool:
@@ -86,6 +77,16 @@ class CatalogPool:
         return True  # its holder published what a pass of it saw
 
     @property
+    def current(self) -> bool:
+        return True  # published after a pass; while the catalog is unread, nothing is served
+
+    @property
+    def unsettled(self) -> frozenset[str]:
+        # Events reach the holder only: it leaves such runners out of what it publishes,
+        # so a replica's offer is as old as the holder's last pass and the follow.
+        return frozenset()
+
+    @property
     def offer(self) -> Offer:
         return self.record.offer
 
@@ -103,10 +104,7 @@ class CatalogPool:
 class CatalogDirectory:
     def __init__(
         self,
-        port: VariableLists,
-        home_namespace: str,
-        doorbell: Doorbell,
-        waiting: WaitingPublisher,
+        records: SharedRecords,
         *,
         clock: Callable[[], datetime] = utcnow,
         own: Callable[[], set[str]] = set,
@@ -116,78 +114,45 @@ class CatalogDirectory:
         the pools it holds): not read back; `wanted`: whether the catalog is to be followed
         now (a reconciler holding every pool it defines needs none of it, and a blocking
         list of the catalog wakes on every variable written)."""
-        self._port = port
+        self._records = records.catalog
         self._own = own
-        self._wanted = wanted
-        self._home = home_namespace
-        self._doorbell = doorbell
-        self._publisher = waiting
+        self._doorbell = records.doorbell
+        self._publisher = records.waiting
         self.clock = clock
-        self.pools: Mapping[str, PoolEntry] = {}
+        self.pools: Mapping[str, CatalogPool] = {}
         self._entries: dict[str, CatalogPool] = {}  # by pool key
-        self._by_path: dict[str, CatalogPool] = {}  # by record path
-        self._indexes: dict[str, int] = {}  # record path -> ModifyIndex read
+        self._known: dict[str, Known[CatalogPool | None]] = {}  # by record path
         self._waiting: dict[str, WaitingClaims] = {}
         self._changed: dict[str, asyncio.Event] = {}
-        self._problem: str | None = "the pools have not been read from Nomad yet"
         self._warned: set[tuple[str, int]] = set()
-        self.read = asyncio.Event()  # set once the catalog has been read
-        self._following = Background("catalog", self._follow)
-        self.start, self.stop = self._following.start, self._following.stop
+        self._follower = self._records.follower(self._take, wanted)
+        self.read = self._follower.read  # set once the catalog has been read
+        self.start, self.stop = self._follower.start, self._follower.stop
 
     # ---- following -----------------------------------------------------------------------
 
-    async def _follow(self) -> None:
-        index, pause = 0, RETRY_SECONDS[0]
-        while True:
-            if not self._wanted():
-                index = 0  # read it all again once wanted
-                await asyncio.sleep(UNWANTED_CHECK_SECONDS)
-                continue
-            try:
-                metas, index = await self._port.wait_variables(
-                    CATALOG_PREFIX, self._home, index, WAIT_SECONDS
-                )
-                await self._take(metas)
-            except NomadError as error:
-                if self._problem is None:
-                    log.warning("cannot read the catalog of pools from Nomad: %s", error)
-                self._problem = f"cannot read the catalog of pools: {error}"
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, RETRY_SECONDS[1])
-                continue
-            if self._problem is not None and self.read.is_set():
-                log.info("the catalog of pools is read again")
-            self._problem, pause = None, RETRY_SECONDS[0]
-            self.read.set()
-            await asyncio.sleep(FOLLOW_GAP_SECONDS)
-
-    async def _take(self, metas: list[dict[str, Any]]) -> None:
+    async def _take(self, present: dict[str, int]) -> None:
         """Read the records that changed; forget those that went."""
         own = self._own()
-        present = {
-            path: int(m.get("ModifyIndex", 0)) for m in metas if (path := str(m["Path"])) not in own
+        listed = {path: index for path, index in present.items() if path not in own}
+        known = await self._records.read_changed(listed, self._known, self._decode)
+        for path, hit in known.items():
+            before = self._known.get(path)
+            if hit.value is not None and (before is None or before.index != hit.index):
+                self._tell(hit.value.key)
+        for path in self._known.keys() - known.keys():
+            gone = self._known[path].value
+            if gone is not None:
+                self._tell(gone.key)
+        self._known = known
+        self._entries = {
+            hit.value.key: hit.value for _, hit in sorted(known.items()) if hit.value is not None
         }
-        changed = [p for p, i in present.items() if self._indexes.get(p) != i]
-        variables = await asyncio.gather(
-            *(self._port.read_variable(path, self._home) for path in changed)
-        )
-        for path, variable in zip(changed, variables, strict=True):
-            if variable is None:  # deleted between the list and the read
-                present.pop(path)
-                continue
-            self._indexes[path] = int(variable.get("ModifyIndex", 0))
-            entry = self._decode(path, variable)
-            if entry is not None:
-                self._by_path[path] = entry
-                self._tell(entry.key)
-        for path in set(self._by_path) - set(present):
-            self._tell(self._by_path.pop(path).key)
-            self._indexes.pop(path, None)
-        self._entries = {e.key: e for _, e in sorted(self._by_path.items())}
         self.pools = self._entries
 
     def _decode(self, path: str, variable: Mapping[str, Any]) -> CatalogPool | None:
+        """The record as a pool; one that does not decode is said once and the last read
+        stays."""
         index = int(variable.get("ModifyIndex", 0))
         try:
             record = CatalogRecord.from_items(variable.get("Items") or {})
@@ -196,7 +161,8 @@ class CatalogDirectory:
             if (path, index) not in self._warned:
                 self._warned.add((path, index))
                 log.warning("catalog record %s ignored (the last read stays): %s", path, error)
-            return None
+            last = self._known.get(path)
+            return last.value if last is not None else None
         waiting = self._waiting.get(record.key)
         if waiting is None:
             waiting = self._waiting[record.key] = WaitingClaims()
@@ -224,7 +190,7 @@ class CatalogDirectory:
         return None
 
     def available(self) -> str | None:
-        return self._problem
+        return self._follower.problem
 
     def runners_taken(self, entry: PoolEntry) -> None:
         self._doorbell.ring(CLAIMS, entry.key)

@@ -50,6 +50,17 @@ class PoolEntry(Protocol):
         """Whether its runners have been seen at all (else an empty offer means nothing)."""
 
     @property
+    def current(self) -> bool:
+        """Whether its offer was made since this process last failed to read Nomad (else
+        an empty or taken offer says nothing of the runners it has now: a claim waits for
+        the next offer rather than answer PoolEmpty)."""
+
+    @property
+    def unsettled(self) -> frozenset[str]:
+        """Runners of its offer whose job Nomad said changed after the offer was made (an
+        event, such as the job's removal): not handed out until a pass saw them again."""
+
+    @property
     def offer(self) -> Offer:
         """Its claimable runners as last seen, in the order claims try them."""
 

@@ -17,7 +17,6 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from controller.claims.store import ClaimStore
 from controller.core.claims import ClaimRecord, ClaimState
 from controller.core.events import EventSink, allocation_lost, runner_replaced
 from controller.core.plan import Destroy, DestroyReason, Plan
@@ -28,6 +27,7 @@ from controller.metrics import Metrics
 from controller.nomad.errors import NomadError
 from controller.nomad.jobs import runner_job
 from controller.nomad.port import JobWriter
+from controller.records.claims import ClaimStore
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from controller.core.offers import Offer
 from controller.core.problems import PoolProblem
 from controller.core.views import NodeView
 from controller.core.waiting import WaitingClaims
-from controller.directory.catalog import CatalogDirectory
+from controller.directory.catalog import CatalogDirectory, CatalogPool
 from controller.directory.view import PoolEntry
 from controller.engine.engine import Engine
 from controller.engine.registry import PoolView
@@ -71,6 +71,14 @@ class EnginePool:
         return self._view.observed
 
     @property
+    def current(self) -> bool:
+        return self._view.current
+
+    @property
+    def unsettled(self) -> frozenset[str]:
+        return self._view.unsettled
+
+    @property
     def offer(self) -> Offer:
         return self._view.offer
 
@@ -83,64 +91,21 @@ class EnginePool:
         return self._view.waiting
 
 
-class HeldElsewhere:
+class HeldElsewhere(CatalogPool):
     """A pool another process holds, as a reconciler that also defines it offers it: its
     runners, offer and counts as the holder published them; its conditions this process's
     own (`LeaseHeldElsewhere`, and whether its spec differs from the holder's)."""
 
-    __slots__ = ("_own", "_published")
-
-    def __init__(self, published: PoolEntry, own: PoolView) -> None:
-        self._published = published
+    def __init__(self, published: CatalogPool, own: PoolView) -> None:
+        super().__init__(published.record, published.pool, published.waiting)
         self._own = own
-
-    @property
-    def key(self) -> str:
-        return self._published.key
-
-    @property
-    def namespace(self) -> str:
-        return self._published.namespace
-
-    @property
-    def job_prefix(self) -> str:
-        return self._published.job_prefix
-
-    @property
-    def pool(self) -> RunnerPool | None:
-        return self._published.pool
-
-    @property
-    def active(self) -> bool:
-        return self._published.active
-
-    @property
-    def conflict(self) -> PoolProblem | None:
-        return self._published.conflict
 
     @property
     def status(self) -> Mapping[str, Any]:
         own = self._own.status
         if own is None:
-            return self._published.status
-        mine = own.to_dict()
-        return {**self._published.status, "conditions": mine["conditions"]}
-
-    @property
-    def observed(self) -> bool:
-        return self._published.observed
-
-    @property
-    def offer(self) -> Offer:
-        return self._published.offer
-
-    @property
-    def more_than_offered(self) -> bool:
-        return self._published.more_than_offered
-
-    @property
-    def waiting(self) -> WaitingClaims:
-        return self._published.waiting
+            return self.record.status
+        return {**self.record.status, "conditions": own.to_dict()["conditions"]}
 
 
 class _Entries(Mapping[str, PoolEntry]):

@@ -1,7 +1,7 @@
 """Removed pools: drain records in Nomad, resumed drains, finished drains, and orphans.
 
 A pool removed with deletionPolicy Drain or Delete is recorded in the variable
-`poolkeeper/pools/<namespace>~<name>` (in the controller's own Nomad namespace) so that
+`poolkeeper/pools/<namespace>/<name>` (records/drains.py) so that
 a restarted controller resumes the removal; a pool defined again cancels its record.
 Runner jobs of pools defined nowhere are orphans: reported once, left alone, drained
 with `prune` (`poolkeeper run --prune`). A pool whose lease a live process holds is
@@ -10,41 +10,32 @@ defined there (another controller sharing the Nomad namespace): no orphan.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from controller.core.drains import DrainRecord
 from controller.core.runner_ids import runner_prefix
-from controller.core.times import format_time, parse_time
 from controller.core.views import JobView, PoolMode
 from controller.engine.leases import Leases
 from controller.engine.registry import ManagedPool, PoolRegistry
-from controller.nomad.errors import NomadConflict
-from controller.nomad.port import Variables
+from controller.records.drains import DrainRecords
 
 log = logging.getLogger(__name__)
 
-DRAINS_PREFIX = "poolkeeper/pools/"
 DEFAULT_DRAIN_SECONDS = 3600
 # A pool found held by another process is asked about again this often: the holder may
 # have gone for good (each question takes the lease and gives it back, two writes).
 ORPHAN_RECHECK_SECONDS = 60.0
 
 
-def drain_path(key: str) -> str:
-    # Variable paths allow no ".", which pool names may hold; "~" never occurs in a name.
-    return DRAINS_PREFIX + key.replace(".", "~")
-
-
 @dataclass
 class Drains:
-    port: Variables
+    records: DrainRecords
     registry: PoolRegistry
     clock: Callable[[], datetime]
-    home_namespace: str  # where drain records are kept
     prune: bool
     on_new_pool: Callable[[str], None]  # a namespace got a pool to reconcile
     # How the front door would remove orphans, said in their report ("" for nothing).
@@ -69,23 +60,15 @@ class Drains:
 
     async def resume(self) -> None:
         """Take up the drains a previous process recorded in Nomad and did not finish."""
-        for meta in await self.port.list_variables(DRAINS_PREFIX, self.home_namespace):
-            variable = await self.port.read_variable(meta["Path"], self.home_namespace)
-            if variable is None:
-                continue
-            items = variable.get("Items", {})
-            try:
-                key, mode = items["pool"], PoolMode(items["mode"])
-                namespace, prefix = items["namespace"], items["jobPrefix"]
-                deadline = parse_time(items["deadline"])
-            except (KeyError, ValueError) as error:
-                log.warning("ignoring malformed drain record %s: %s", meta["Path"], error)
-                continue
-            self._records[key] = int(variable.get("ModifyIndex", 0))
-            if key not in self.registry:
-                log.info("resuming the %s of pool %s", mode.value, key)
-                self.registry.add_draining(key, namespace, prefix, mode, deadline)
-                self.on_new_pool(namespace)
+        for hit in await self.records.read():
+            drain = hit.value
+            self._records[drain.key] = hit.index
+            if drain.key not in self.registry:
+                log.info("resuming the %s of pool %s", drain.mode.value, drain.key)
+                self.registry.add_draining(
+                    drain.key, drain.namespace, drain.job_prefix, drain.mode, drain.deadline
+                )
+                self.on_new_pool(drain.namespace)
 
     async def sync(self, pools: Iterable[ManagedPool]) -> None:
         """Record the removals that began, and drop the records of pools defined again
@@ -93,20 +76,14 @@ class Drains:
         for managed in pools:
             key, policy = managed.key, managed.policy
             if policy.mode is not PoolMode.ACTIVE and key not in self._records:
-                items = {
-                    "pool": key,
-                    "namespace": policy.nomad_namespace,
-                    "jobPrefix": policy.job_prefix,
-                    "mode": policy.mode.value,
-                    "deadline": format_time(policy.drain_deadline or self.clock()),
-                }
-                try:
-                    stored = await self.port.put_variable(
-                        drain_path(key), items, self.home_namespace, cas=0
-                    )
-                except NomadConflict as conflict:
-                    stored = conflict.current or {}
-                self._records[key] = int(stored.get("ModifyIndex", 0))
+                drain = DrainRecord(
+                    key,
+                    policy.nomad_namespace,
+                    policy.job_prefix,
+                    policy.mode,
+                    policy.drain_deadline or self.clock(),
+                )
+                self._records[key] = await self.records.record(drain)
             elif policy.mode is PoolMode.ACTIVE and key in self._records:
                 await self._drop(key)
         for key in [k for k in self._cancelled if k not in self.registry]:
@@ -176,5 +153,4 @@ class Drains:
     async def _drop(self, key: str) -> None:
         index = self._records.pop(key, None)
         if index is not None:
-            with contextlib.suppress(NomadConflict):
-                await self.port.delete_variable(drain_path(key), self.home_namespace, cas=index)
+            await self.records.drop(key, index)

@@ -9,11 +9,11 @@ publish.py), removed pools and orphans (drains.py). Code outside reads pools thr
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
 
-from controller.claims.store import ClaimStore
 from controller.core.catalog import WaitingRecord
 from controller.core.events import EventSink, PoolEvent
 from controller.core.leases import DEFAULT_TTL_SECONDS
@@ -27,7 +27,6 @@ from controller.engine.apply import Applier
 from controller.engine.catalog import CatalogPublisher
 from controller.engine.drains import Drains
 from controller.engine.leases import Leases
-from controller.engine.members import Members
 from controller.engine.observe import NodeAccess
 from controller.engine.publish import Publisher, StatusSink
 from controller.engine.reconcile import PassResult, Reconciler
@@ -35,13 +34,16 @@ from controller.engine.registry import PoolRegistry, PoolView
 from controller.engine.scheduler import Scheduler
 from controller.metrics import Metrics
 from controller.model import RunnerPool
-from controller.nomad.port import NomadPort, VariableWatch
+from controller.nomad.port import NomadPort
+from controller.records.shared import SharedRecords
 
 Clock = Callable[[], datetime]
 
 # With no live claim, the loop still wakes on the resync period; this only bounds the
 # deadline handed to the scheduler.
 _NO_DEADLINE = timedelta(days=1)
+# How long stopping lets a pass in flight finish before it is cancelled.
+STOP_GRACE_SECONDS = 5.0
 
 
 def _ignore(_: PoolEvent) -> None:
@@ -92,38 +94,38 @@ class Engine:
         orphan_advice: str = "",
         identity: str | None = None,
         lease_ttl_seconds: float = DEFAULT_TTL_SECONDS,
-        store: ClaimStore | None = None,
-        watcher: VariableWatch | None = None,
+        records: SharedRecords | None = None,
+        keeps_environments: bool = False,
     ) -> None:
         """With an `identity`, every pool is written only while this
         process holds its lease (core/leases.py); without one, this process writes every
-        pool it reconciles (the lab's single-process tools)."""
+        pool it reconciles (the lab's single-process tools). `records`: the process's
+        shared records (its own on `port` without); `keeps_environments`: its member
+        record says it registers the managed Poseidon environments' pools."""
         self.metrics = metrics
         self.clock = clock
         self._port = port
-        self.store = store or ClaimStore(port)  # shared with the claim path: one cache
+        records = records or SharedRecords(port, port, home_namespace, identity or "", clock)
+        self.store = records.claims  # shared with the claim path: one cache
         self._registry = PoolRegistry(surge=surge, events=on_event)
         self.pools = PoolViews(self._registry)
         node_access = NodeAccess()
         self._publisher = Publisher(metrics, on_status, node_access)
         self.leases = (
             Leases(
-                port,
+                records.leases(lease_ttl_seconds),
                 identity,
                 on_event,
-                ttl_seconds=lease_ttl_seconds,
                 on_change=self._lease_changed,
-                watcher=watcher,
-                members=Members(port, home_namespace, identity, lease_ttl_seconds, clock),
+                members=records.members(lease_ttl_seconds, environments=keeps_environments),
             )
             if identity is not None
             else None
         )
         self._drains = Drains(
-            port,
+            records.drains,
             self._registry,
             clock=clock,
-            home_namespace=home_namespace,
             prune=prune,
             on_new_pool=self._pool_added,
             orphan_advice=orphan_advice,
@@ -150,9 +152,7 @@ class Engine:
             clock,
             self.leases,
             node_access,
-            CatalogPublisher(port, home_namespace, identity, clock)
-            if identity is not None
-            else None,
+            CatalogPublisher(records.catalog, identity, clock) if identity is not None else None,
         )
         self._scheduler = Scheduler(self._run_scheduled, resync_seconds=resync_seconds, clock=clock)
 
@@ -277,11 +277,14 @@ class Engine:
         self._scheduler.hint(namespace)
 
     def hint_job(self, namespace: str, job_id: str) -> None:
-        """An event about a job: wake the namespace only if the job looks like a runner."""
-        if any(
-            is_runner_id(m.policy.job_prefix, job_id) for m in self._registry.reconciled(namespace)
-        ):
-            self._scheduler.hint(namespace)
+        """An event about a job: wake the namespace only if the job is a pool's runner,
+        which claims leave alone until a pass has seen its job again."""
+        for managed in self._registry.reconciled(namespace):
+            if is_runner_id(managed.policy.job_prefix, job_id):
+                if managed.observed:  # what a pass here offers
+                    managed.job_events[job_id] = time.monotonic()
+                self._scheduler.hint(namespace)
+                return
 
     async def start(self) -> None:
         if self.leases is not None:
@@ -289,12 +292,14 @@ class Engine:
         self._scheduler.start(self.namespaces())
 
     async def stop(self) -> None:
-        """Stop the loops and give the leases back, so that another process takes the
+        """Stop the loops, then give the leases back, so that another process takes the
         pools over at once. Stopping never destroys runners: Nomad keeps them."""
+        # The passes first: one still running would publish the status of pools given back.
+        # A pass cancelled under a write in flight could not say when that write lands:
+        # then the leases are left to expire rather than given back before it.
+        finished = await self._scheduler.stop(grace_seconds=STOP_GRACE_SECONDS)
         if self.leases is not None:
-            # First: a pass cancelled under a write in flight could not say when it lands.
-            await self.leases.stop(release=True)
-        await self._scheduler.stop()
+            await self.leases.stop(release=finished)
 
     async def reconcile_namespace(self, namespace: str) -> PassResult:
         result = await self._reconciler.run(namespace)

@@ -5,12 +5,17 @@ while another process holds it, it watches the lease variable with a blocking qu
 tries again as soon as the variable changes (a release, or Nomad freeing an expired lock)
 or TTL/3 passes. So a pool given back on SIGTERM is taken over within a moment.
 
-With members (engine/members.py), leases are spread over the live reconcilers
+With members (records/members.py), leases are spread over the live reconcilers
 (core/balance.py): every TTL/3 a process says which pools it defines, reads who else
 does, gives back the leases assigned to others and takes the free ones assigned to it; a
 lease that comes free is taken only by the process it is assigned to (which reads the
 members again first, so a stopped process's share is taken at once). A lease of a pool only
 being drained (no spec) is not spread: any process takes it.
+
+A holder whose renewals fail for a TTL (LeaseLost) says so in its member record for the
+takeover time: the others assign the pool to another member, and the holder gives the
+lock back at its next balancing. So a process whose other writes succeed while its
+renewals fail does not keep the pool from everyone; alone, it keeps trying.
 
 Fencing is by time: a lease counts as held only until one TTL after the last renewal that
 succeeded (measured from when it was sent), while Nomad frees an unrenewed lock only twice
@@ -32,17 +37,11 @@ from typing import Any
 
 from controller.core.balance import assign
 from controller.core.events import EventSink, lease_acquired, lease_lost
-from controller.core.leases import (
-    LOCK_DELAY_SECONDS,
-    LeaseItems,
-    LeaseStanding,
-    LeaseState,
-    lease_path,
-)
+from controller.core.leases import LeaseItems, LeaseStanding, LeaseState, takeover_seconds
 from controller.core.times import utcnow
-from controller.engine.members import Members
 from controller.nomad.errors import NomadError
-from controller.nomad.port import Locks, LockTerms, VariableWatch
+from controller.records.leases import LeaseRecords
+from controller.records.members import Members
 
 log = logging.getLogger(__name__)
 
@@ -70,37 +69,31 @@ class _Lease:
     changed_at: float = -float("inf")  # monotonic: when its variable was last seen changing
     last_round: float | None = None  # monotonic time of the last renewal or attempt
     lapsed: bool = False  # no renewal succeeded for a TTL: not written, LeaseLost said
+    # Until then (monotonic) its member record says this process could not keep the lease,
+    # so that another member takes the pool (set by a lapse, cleared by a renewal).
+    unfit_until: float = 0.0
     busy: asyncio.Lock = field(default_factory=asyncio.Lock)  # one round at a time
     writes: int = 0  # writes of the pool in flight under the lease
     settled: asyncio.Event = field(default_factory=asyncio.Event)  # set: none in flight
     follower: asyncio.Task[None] | None = None
 
-    @property
-    def path(self) -> str:
-        return lease_path(self.key)
-
 
 class Leases:
     def __init__(
         self,
-        port: Locks,
+        records: LeaseRecords,
         identity: str,
         events: EventSink,
         *,
-        ttl_seconds: float,
         on_change: Callable[[str], None],
         monotonic: Callable[[], float] = time.monotonic,
-        watcher: VariableWatch | None = None,
         members: Members | None = None,
     ) -> None:
-        """`watcher` makes the blocking reads of leases held elsewhere (a session whose
-        connections may wait; the port's by default); `members`, when given, spreads the
-        leases over the live reconcilers."""
-        self._port = port
-        self._watcher: VariableWatch = watcher or port
+        """`members`, when given, spreads the leases over the live reconcilers."""
+        self._records = records
         self.identity = identity
         self._events = events
-        self.ttl = ttl_seconds
+        self.ttl = records.terms.ttl_seconds
         self._on_change = on_change  # a lease was gained or lost: the pool's namespace
         self._monotonic = monotonic
         self._leases: dict[str, _Lease] = {}
@@ -138,11 +131,13 @@ class Leases:
         return {k for k, lease in self._leases.items() if lease.namespace == namespace}
 
     async def drop(self, key: str) -> None:
-        """Stop holding this pool's lease (the pool is gone from this process)."""
+        """Stop holding this pool's lease (the pool is gone from this process), and delete
+        its variable unless another process holds it: a lease outlives no pool."""
         lease = self._leases.pop(key, None)
         if lease is not None:
             await self._stop_following(lease)
             await self._release(lease)
+            await self._records.forget(key, lease.namespace)
 
     def holds(self, key: str) -> bool:
         lease = self._leases.get(key)
@@ -195,25 +190,26 @@ class Leases:
                 return False
             await self.drop(key)
             return True
-        path = lease_path(key)
-        items = LeaseItems.taken(self.identity, "", utcnow())
         try:
-            stored = await self._port.acquire_lock(path, items.to_items(), namespace, self._terms)
-            if stored is not None:
-                await self._port.release_lock(path, namespace, _lock_id(stored))
+            return await self._records.taken(
+                key, namespace, LeaseItems.taken(self.identity, "", utcnow())
+            )
         except NomadError as error:
             log.debug("probing the lease of pool %s: %s", key, error)
             return True
-        return stored is None
+
+    async def collect_stale(self, namespace: str) -> None:
+        """Delete the leases in this namespace of pools no live reconciler defines, left by
+        a process that died (only with members: who defines what is read from them)."""
+        if self._members is None or not self._live:
+            return
+        defined = set(self._leases).union(*self._live.values())
+        await self._records.collect_stale(namespace, defined)
 
     async def refresh(self, keys: Iterable[str]) -> None:
         """Renew or try these leases now unless that was done within TTL/3 (a pass calls
         this first, so it acts on what the lease is now, with or without the followers)."""
         await asyncio.gather(*(self._keep(self._leases[k]) for k in keys if k in self._leases))
-
-    @property
-    def _terms(self) -> LockTerms:
-        return LockTerms(self.ttl, LOCK_DELAY_SECONDS)
 
     # -- running -----------------------------------------------------------------------
 
@@ -268,8 +264,8 @@ class Leases:
     async def _wait_for_change(self, lease: _Lease) -> bool:
         """Block (at most TTL/3) until the lease variable changes; whether it did."""
         try:
-            variable, index = await self._watcher.wait_variable(
-                lease.path, lease.namespace, lease.seen_index, self.ttl / 3
+            holder, index = await self._records.wait(
+                lease.key, lease.namespace, lease.seen_index, self.ttl / 3
             )
         except NomadError as error:
             log.debug("watching the lease of pool %s: %s", lease.key, error)
@@ -279,14 +275,14 @@ class Leases:
         if changed:
             lease.changed_at = self._monotonic()
         lease.seen_index = index
-        if variable is not None:
-            self._note_holder(lease, variable)
+        self._note_holder(lease, holder)
         return changed
 
     async def _keep(self, lease: _Lease, *, force: bool = False) -> None:
         async with lease.busy:
             last = lease.last_round
-            due = force or last is None or self._monotonic() - last >= self.ttl / 3
+            # A lapsed lease is tried whenever asked: a pass asks once Nomad answers again.
+            due = force or lease.lapsed or last is None or self._monotonic() - last >= self.ttl / 3
             if not due or self._stopped or self._leases.get(lease.key) is not lease:
                 return
             lease.last_round = self._monotonic()
@@ -301,18 +297,16 @@ class Leases:
 
     async def _acquire(self, lease: _Lease) -> None:
         if not await self._may_take(lease):
-            self._note_holder(lease, await self._port.read_variable(lease.path, lease.namespace))
+            self._note_holder(lease, await self._records.holder(lease.key, lease.namespace))
             return
         sent = self._monotonic()
         items = LeaseItems.taken(self.identity, lease.spec_hash, utcnow(), lease.resource)
-        stored = await self._port.acquire_lock(
-            lease.path, items.to_items(), lease.namespace, self._terms
-        )
-        lease.refused = stored is None
-        if stored is None:
-            self._note_holder(lease, await self._port.read_variable(lease.path, lease.namespace))
+        lock_id = await self._records.take(lease.key, lease.namespace, items)
+        lease.refused = lock_id is None
+        if lock_id is None:
+            self._note_holder(lease, await self._records.holder(lease.key, lease.namespace))
             return
-        lease.lock_id = _lock_id(stored)
+        lease.lock_id = lock_id
         lease.valid_until = sent + self.ttl
         lease.written_spec, lease.written_resource = lease.spec_hash, lease.resource
         lease.holder, lease.holder_spec, lease.holder_resource = "", "", ""
@@ -322,7 +316,7 @@ class Leases:
     async def _renew(self, lease: _Lease) -> None:
         assert lease.lock_id is not None
         sent = self._monotonic()
-        if not await self._port.renew_lock(lease.path, lease.namespace, lease.lock_id):
+        if not await self._records.renew(lease.key, lease.namespace, lease.lock_id):
             announced, lease.lapsed = lease.lapsed, False
             lease.lock_id, lease.valid_until = None, 0.0
             if not announced:
@@ -334,14 +328,12 @@ class Leases:
             return
         lease.valid_until = sent + self.ttl
         if lease.lapsed:
-            lease.lapsed = False
+            lease.lapsed, lease.unfit_until = False, 0.0
             self._events(lease_acquired(lease.key, self.identity))
             self._on_change(lease.namespace)
         if (lease.written_spec, lease.written_resource) != (lease.spec_hash, lease.resource):
             items = LeaseItems.taken(self.identity, lease.spec_hash, utcnow(), lease.resource)
-            await self._port.write_locked(
-                lease.path, items.to_items(), lease.namespace, lease.lock_id
-            )
+            await self._records.rewrite(lease.key, lease.namespace, items, lease.lock_id)
             lease.written_spec, lease.written_resource = lease.spec_hash, lease.resource
 
     # -- spreading the leases ------------------------------------------------------------
@@ -371,6 +363,11 @@ class Leases:
             and lease.key in self._live.get(holder, frozenset())
         )
 
+    def _unfit(self, lease: _Lease) -> bool:
+        """Whether this process could not keep the lease lately (its renewals failed
+        while, maybe, its other writes succeed): another member is to take the pool."""
+        return self._monotonic() < lease.unfit_until
+
     def _assigned(self, lease: _Lease) -> bool:
         return self._target is None or not lease.spec_hash or lease.key in self._target
 
@@ -393,12 +390,13 @@ class Leases:
         async with self._balancing:
             spread = {k: lease for k, lease in self._leases.items() if lease.spec_hash}
             self._read_at = self._monotonic()
+            unfit = frozenset(k for k, lease in spread.items() if self._unfit(lease))
             try:
                 # Bounded: every lease waiting to be taken waits for this lock.
                 async with asyncio.timeout(self.ttl):
                     if beat:
                         held = [key for key in spread if self.holds(key)]
-                        await self._members.beat(spread, held)
+                        await self._members.beat(spread, held, unfit)
                     membership = await self._members.live()
             except (NomadError, TimeoutError) as error:
                 why = str(error) or f"no answer within {self.ttl:g} s"
@@ -407,13 +405,14 @@ class Leases:
                 return
             members, holders = membership.defines, membership.holders
             members[self.identity] = frozenset(spread)
+            lapsed = membership.lapsed | {self.identity: unfit}
             self._live = members
-            self._target = assign(members, holders).get(self.identity, frozenset())
+            self._target = assign(members, holders, lapsed).get(self.identity, frozenset())
         for key, lease in spread.items():
             if key in self._target:
                 if not self.holds(key) and not self._shared_with(lease):
                     self._wake(lease)  # free, or its holder is no member any more
-            elif self.holds(key) and self._leases.get(key) is lease:
+            elif (self.holds(key) or lease.lapsed) and self._leases.get(key) is lease:
                 log.info("pool %s: the lease goes to another reconciler's share", key)
                 await self._release(lease)
                 self._on_change(lease.namespace)
@@ -434,12 +433,12 @@ class Leases:
         if lease.lock_id is None or lease.lapsed or self._monotonic() < lease.valid_until:
             return
         lease.lapsed = True
+        lease.unfit_until = self._monotonic() + takeover_seconds(self.ttl)
         why = f"no renewal succeeded for {self.ttl:g} s: {error}"
         self._events(lease_lost(lease.key, self.identity, why))
         self._on_change(lease.namespace)
 
-    def _note_holder(self, lease: _Lease, variable: dict[str, Any] | None) -> None:
-        items = LeaseItems.from_variable(variable)
+    def _note_holder(self, lease: _Lease, items: LeaseItems | None) -> None:
         holder = (items.holder, items.spec_hash, items.resource) if items else ("", "", "")
         if holder != (lease.holder, lease.holder_spec, lease.holder_resource):
             lease.holder, lease.holder_spec, lease.holder_resource = holder
@@ -462,7 +461,7 @@ class Leases:
                 )
                 return
         try:
-            await self._port.release_lock(lease.path, lease.namespace, lock_id)
+            await self._records.give_back(lease.key, lease.namespace, lock_id)
         except NomadError as error:
             log.warning("could not release the lease of pool %s: %s", lease.key, error)
             if self._running and self._leases.get(lease.key) is lease:
@@ -470,8 +469,3 @@ class Leases:
                 # succeeds) and given back at the next balancing, rather than left locked
                 # until Nomad expires it.
                 lease.lock_id = lock_id
-
-
-def _lock_id(stored: dict[str, Any]) -> str:
-    """The lock ID in the variable an acquisition stored."""
-    return str((stored.get("Lock") or {}).get("ID", ""))

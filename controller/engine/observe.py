@@ -31,13 +31,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.claims.store import ClaimStore
-from controller.core.claims import CLAIMS_PREFIX, ClaimRecord
+from controller.core.claims import ClaimRecord
+from controller.core.paths import claim_path
 from controller.core.runner_ids import META_POOL
 from controller.core.views import AllocationView, JobView, NodeView
 from controller.engine.offload import compute
 from controller.nomad.errors import NomadPermissionDenied
 from controller.nomad.port import NomadPort
+from controller.records.claims import ClaimStore
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,7 @@ async def observe_namespace(
     job_stubs, alloc_stubs, variable_metas, nodes = await asyncio.gather(
         _list_jobs(port, namespace, listed),
         _list_allocations(port, namespace, prefixes),
-        _list_claims(port, namespace, listed),
+        store.list(namespace, listed),
         node_access.views(port, cache),
     )
     jobs, allocations, seen_jobs, seen_allocs = await compute(
@@ -171,7 +172,7 @@ async def observe_namespace(
         cache.allocations = seen_allocs
     else:
         cache.allocations.update(seen_allocs)
-    claim_paths = None if listed is None else [CLAIMS_PREFIX + p for p in listed]
+    claim_paths = None if listed is None else [claim_path(p) for p in listed]
     claims, malformed = await store.read_all(namespace, variable_metas, within=claim_paths)
     return NamespaceObservation(
         namespace=namespace,
@@ -198,17 +199,6 @@ async def _list_allocations(
     if prefixes == ():
         return []
     return await port.list_allocations(namespace, prefixes)
-
-
-async def _list_claims(
-    port: NomadPort, namespace: str, prefixes: tuple[str, ...] | None
-) -> list[dict[str, Any]]:
-    if prefixes is None:
-        return await port.list_variables(CLAIMS_PREFIX, namespace)
-    lists = await asyncio.gather(
-        *(port.list_variables(CLAIMS_PREFIX + p, namespace) for p in prefixes)
-    )
-    return _unique(lists, "Path")
 
 
 def _unique(lists: Sequence[list[dict[str, Any]]], key: str) -> list[dict[str, Any]]:

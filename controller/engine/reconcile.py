@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from controller.claims.store import ClaimStore
 from controller.core import breaker as breakers
 from controller.core.catalog import WaitingTally
 from controller.core.classify import classify
@@ -50,6 +49,7 @@ from controller.engine.registry import ManagedPool, PoolRegistry
 from controller.metrics import Metrics
 from controller.nomad.errors import NomadError
 from controller.nomad.port import NomadPort
+from controller.records.claims import ClaimStore
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,9 @@ class Reconciler:
                 with self.metrics.reconcile_duration.time():
                     return await self._pass(namespace, started)
             except NomadError:
+                failed = time.monotonic()
                 for managed in self.registry.reconciled(namespace):
+                    managed.failed_at = failed  # its view may be older than a recovery
                     self.metrics.reconcile_total.labels(pool=managed.key, result="error").inc()
                 raise
 
@@ -195,6 +197,8 @@ class Reconciler:
             await self._publish_catalog(acting, finished)
         if whole:  # request records of every claim, seen only in a whole listing
             await self._collect_requests(namespace, observed, now)
+            if self.leases is not None:
+                await self.leases.collect_stale(namespace)
         return PassResult(
             namespace,
             time.perf_counter() - started,
@@ -271,9 +275,10 @@ class Reconciler:
     async def _publish_catalog(self, acting: list[ManagedPool], finished: list[str]) -> None:
         assert self.catalog is not None
         defined = {m.key for m in self.registry}
+        records = self.catalog.records
         await self.catalog.publish([m for m in acting if m.key in defined], self.nodes)
-        await self.catalog.withdraw([*finished, *(self.catalog.published() - defined)])
-        await self.catalog.collect_stale(defined)
+        await records.withdraw([*finished, *(set(records.written) - defined)])
+        await records.collect_stale(defined)
 
     def _note_lease(self, managed: ManagedPool, lease: LeaseState) -> None:
         """Keep the pool's lease state for its status; warn once per change when the
@@ -340,6 +345,7 @@ class Reconciler:
         started, managed.seen_running = breakers.newly_running(managed.seen_running, runners)
         managed.runners, managed.observation, managed.observed = tuple(runners), observation, True
         managed.observation_started = observation_started
+        managed.observed_jobs()
         # Only demand reads every job and claim; a thread hop would cost more than the rest.
         measured = len(observation.jobs) + len(observation.claims) if policy.demand else 0
         managed.target, managed.pacing = await compute(

@@ -50,6 +50,11 @@ class ManagedPool:
     observation: PoolObservation | None = None
     observed: bool = False
     observation_started: float = 0.0  # time.monotonic() when the last observation began
+    # time.monotonic() when a pass of its namespace last failed: a view observed before it
+    # may be older than Nomad's recovery (not `current`).
+    failed_at: float = -1.0
+    # Runner job ID -> time.monotonic() of the last event Nomad sent about the job.
+    job_events: dict[str, float] = field(default_factory=dict)
     classified_policy: PoolPolicy | None = None  # the policy `runners` were classified with
     seen_running: frozenset[str] = frozenset()  # runners seen running (breaker successes)
     lease: LeaseState | None = None  # who reconciles it; None where leases do not apply
@@ -83,10 +88,28 @@ class ManagedPool:
         """Defined (in the files or the cluster) and not being removed."""
         return self.pool is not None and self.policy.mode is PoolMode.ACTIVE
 
+    @property
+    def current(self) -> bool:
+        """Observed since the last failed pass of its namespace."""
+        return self.observed and self.observation_started > self.failed_at
+
+    @property
+    def unsettled(self) -> frozenset[str]:
+        """Runners whose job Nomad said changed after the last observation began: the
+        offer (made of that observation) may list one whose job is gone."""
+        started = self.observation_started
+        return frozenset(job for job, at in self.job_events.items() if at >= started)
+
+    def observed_jobs(self) -> None:
+        """An observation that began after these events saw their jobs as they are."""
+        started = self.observation_started
+        self.job_events = {job: at for job, at in self.job_events.items() if at >= started}
+
     def forget_observation(self) -> None:
         """Another process observes the pool now: nothing seen here stays to be offered."""
         self.runners, self.observation, self.observed = (), None, False
         self.classified_policy = None
+        self.job_events.clear()
 
     @property
     def offer(self) -> Offer:
@@ -133,6 +156,14 @@ class PoolView(Protocol):
     def observed(self) -> bool: ...
     @property
     def observation_started(self) -> float: ...
+    @property
+    def current(self) -> bool:
+        """Observed since the last failed pass of its namespace."""
+
+    @property
+    def unsettled(self) -> frozenset[str]:
+        """Runners whose job changed after the last observation began."""
+
     @property
     def idle_target(self) -> IdleTarget:
         """How many idle runners the pool wants now, and why (the last pass's)."""

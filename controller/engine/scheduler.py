@@ -35,6 +35,7 @@ class Scheduler:
         self._loops: dict[str, asyncio.Task[None]] = {}
         self._deadlines: dict[str, datetime] = {}
         self._last_pass_seconds: dict[str, float] = {}
+        self._passing: set[str] = set()  # namespaces whose pass runs now
         self._running = False
 
     def ensure(self, namespace: str) -> None:
@@ -59,13 +60,24 @@ class Scheduler:
         for namespace in namespaces:
             self.ensure(namespace)
 
-    async def stop(self) -> None:
+    async def stop(self, grace_seconds: float = 0.0) -> bool:
+        """Stop the loops. A pass in flight may finish within `grace_seconds` (nothing it
+        writes is then left in flight); one that does not is cancelled. Returns whether
+        every loop ended without being cancelled."""
         self._running = False
-        loops = list(self._loops.values())
+        loops = dict(self._loops)
         self._loops.clear()
-        for task in loops:
+        passing = [task for namespace, task in loops.items() if namespace in self._passing]
+        for namespace, task in loops.items():
+            if namespace not in self._passing:
+                task.cancel()  # waiting or coalescing: nothing in flight
+        pending = set(passing)
+        if passing and grace_seconds > 0:
+            _, pending = await asyncio.wait(passing, timeout=grace_seconds)
+        for task in pending:
             task.cancel()
-        await asyncio.gather(*loops, return_exceptions=True)
+        await asyncio.gather(*loops.values(), return_exceptions=True)
+        return not pending
 
     async def _loop(self, namespace: str) -> None:
         wake = self._wake[namespace]
@@ -79,15 +91,26 @@ class Scheduler:
                 await asyncio.sleep(self._coalesce_seconds(namespace))
             except TimeoutError:
                 pass
+            if not self._running:
+                return
             wake.clear()
-            try:
-                self._last_pass_seconds[namespace] = await self._run_pass(namespace)
-            except NomadError as error:
-                log.warning("reconcile of namespace %s failed: %s", namespace, error)
+            if not await self._pass(namespace):
                 await asyncio.sleep(min(1.0, self.resync_seconds))
-            except Exception:
-                log.exception("reconcile of namespace %s crashed; retrying", namespace)
-                await asyncio.sleep(min(1.0, self.resync_seconds))
+
+    async def _pass(self, namespace: str) -> bool:
+        """Run one pass; whether it succeeded (a failure is logged)."""
+        self._passing.add(namespace)
+        try:
+            self._last_pass_seconds[namespace] = await self._run_pass(namespace)
+        except NomadError as error:
+            log.warning("reconcile of namespace %s failed: %s", namespace, error)
+            return False
+        except Exception:
+            log.exception("reconcile of namespace %s crashed; retrying", namespace)
+            return False
+        finally:
+            self._passing.discard(namespace)
+        return True
 
     def _coalesce_seconds(self, namespace: str) -> float:
         """How long hints are gathered before a pass: COALESCE_SECONDS, or twice as long as

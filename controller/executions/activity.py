@@ -253,8 +253,18 @@ class Activity:
         try:
             await self.claims.live(record.runner_id)
         except ServiceError as error:
-            return ended_message(error) if error.code is ErrorCode.RUNNER_GONE else None
+            if error.code is not ErrorCode.RUNNER_GONE:
+                return None
+            if error.reason == GONE_REASONS[ClaimState.LOST]:
+                return await self._lost_message(record)
+            return ended_message(error)
         return await self._allocation_loss(record)
+
+    async def _lost_message(self, record: ClaimRecord) -> str:
+        """Why a runner whose claim became a `lost` tombstone was lost: the allocation says
+        more (OOM killed, stopped) whether the engine's tombstone or the exec's end was
+        seen first."""
+        return await self._allocation_loss(record) or ENDED_MESSAGES[ClaimState.LOST]
 
     async def _allocation_loss(self, record: ClaimRecord) -> str | None:
         """What the claimed allocation says of the runner's loss (None: nothing)."""
@@ -290,10 +300,10 @@ class Activity:
                 continue
             if seen is None or seen.is_tombstone:
                 state = seen.state if seen is not None else ClaimState.LOST
-                message = ENDED_MESSAGES[state]
-                if state is ClaimState.LOST:  # the allocation says more: OOM killed, stopped
-                    message = await self._allocation_loss(busy.record) or message
-                self.stop_all(runner_id, message)
+                if state is ClaimState.LOST:
+                    self.stop_all(runner_id, await self._lost_message(busy.record))
+                else:
+                    self.stop_all(runner_id, ENDED_MESSAGES[state])
                 return
             if seen.modify_index > busy.record.modify_index:
                 busy.record = seen  # renewed elsewhere (a request through another replica)

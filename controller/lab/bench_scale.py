@@ -20,7 +20,6 @@ import statistics
 import time
 from collections.abc import AsyncIterator
 
-from controller.core.claims import CLAIMS_PREFIX
 from controller.lab import bench
 from controller.lab.bench import (
     NAMESPACE,
@@ -127,7 +126,7 @@ async def time_passes(passive: PassiveController, sizes: Sizes) -> Result:
         await asyncio.gather(
             client.list_jobs(NAMESPACE),
             client.list_allocations(NAMESPACE),
-            client.list_variables(CLAIMS_PREFIX, NAMESPACE),
+            passive.engine.store.list(NAMESPACE),
             client.list_nodes(),
         )
         floors.append(time.perf_counter() - started)

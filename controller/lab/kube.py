@@ -4,6 +4,7 @@ The binaries come from ``scripts/build-kube.sh`` (``tools/kube``: etcd, kube-api
 kubectl built from their Go modules into ``.cache/kube/bin``). The cluster has no
 controller-manager, scheduler or kubelet: objects are stored and served, nothing reconciles
 them (no pod ever runs, no namespace is finalized, no default ServiceAccount appears).
+``controller.lab.node`` adds them: a cluster with a real node.
 
 What it sets up, all made by the test in a temporary folder:
 
@@ -31,6 +32,7 @@ import atexit
 import contextlib
 import ctypes
 import http.client
+import ipaddress
 import json
 import os
 import shutil
@@ -108,7 +110,7 @@ def free_port() -> int:
 
 
 @dataclass
-class _Process:
+class Process:
     """A process started in its own session (so its whole group can be killed)."""
 
     name: str
@@ -151,7 +153,7 @@ def _die_with_parent() -> None:
 _PR_SET_PDEATHSIG = 1
 
 
-def _spawn(name: str, argv: Sequence[str], workdir: Path) -> _Process:
+def spawn(name: str, argv: Sequence[str], workdir: Path) -> Process:
     # Only from the main thread: the death signal follows the thread, not the process.
     guard = sys.platform == "linux" and threading.current_thread() is threading.main_thread()
     log = workdir / f"{name}.log"
@@ -165,7 +167,7 @@ def _spawn(name: str, argv: Sequence[str], workdir: Path) -> _Process:
             start_new_session=True,
             preexec_fn=_die_with_parent if guard else None,
         )
-    return _Process(name, popen, log)
+    return Process(name, popen, log)
 
 
 def _openssl(*args: str) -> None:
@@ -232,7 +234,7 @@ class KubeCluster:
     client_ca: tuple[Path, Path]  # signs user certificates (``user_kubeconfig``)
     audit_log: Path | None = None  # JSON lines, one event per request the policy logs
     timings: Timings = field(default_factory=Timings)
-    _processes: list[_Process] = field(default_factory=list, repr=False)
+    _processes: list[Process] = field(default_factory=list, repr=False)
     _remove_workdir: bool = field(default=False, repr=False)
 
     # --- life cycle -------------------------------------------------------------------------
@@ -477,6 +479,8 @@ def start_cluster(
     disable_admission_plugins: Sequence[str] = DEFAULT_DISABLED_ADMISSION,
     port_attempts: int = 3,
     audit_policy: Mapping[str, Any] | None = None,
+    address: str = "127.0.0.1",
+    service_cidr: str = "10.0.0.0/24",
 ) -> KubeCluster:
     """Start etcd and kube-apiserver and wait until /readyz answers 200.
 
@@ -486,6 +490,10 @@ def start_cluster(
     selects to ``cluster.audit_log`` (blocking mode: written as each request completes). Raises
     KubeClusterError with the log's tail when a process exits or ``timeout`` passes; nothing
     is left running then. A start that fails because a port was taken meanwhile is retried.
+
+    The server listens on ``address`` (loopback by default; a node's pods need one they can
+    reach, and then the "kubernetes" Service in ``service_cidr`` leads to it) and its
+    certificate names that address, 127.0.0.1, the Service's address and DNS names.
     """
     folder = (binaries or bin_dir()).resolve()
     missing = missing_binaries(folder)
@@ -502,6 +510,7 @@ def start_cluster(
                 extra_apiserver_args,
                 disable_admission_plugins,
                 audit_policy,
+                _Network(address, service_cidr),
             )
         except _PortTaken:
             if attempt == port_attempts:
@@ -523,6 +532,28 @@ class _PortTaken(KubeClusterError):
     pass
 
 
+@dataclass(frozen=True)
+class _Network:
+    address: str  # where kube-apiserver listens
+    service_cidr: str
+
+    @property
+    def kubernetes_service(self) -> str:
+        """The "kubernetes" Service's address: the range's first."""
+        return str(next(ipaddress.ip_network(self.service_cidr).hosts()))
+
+    def apiserver_args(self) -> list[str]:
+        loopback = ipaddress.ip_address(self.address).is_loopback
+        return [
+            "--bind-address", self.address,
+            "--advertise-address", self.address,
+            # v1.37 refuses a loopback advertise address for the endpoint reconciler (the
+            # "kubernetes" Service's endpoints); nothing without a node needs that Service.
+            "--endpoint-reconciler-type", "none" if loopback else "lease",
+            "--service-cluster-ip-range", self.service_cidr,
+        ]  # fmt: skip
+
+
 def _start_once(
     workdir: Path | None,
     folder: Path,
@@ -530,6 +561,7 @@ def _start_once(
     extra_apiserver_args: Sequence[str],
     disable_admission_plugins: Sequence[str],
     audit_policy: Mapping[str, Any] | None,
+    network: _Network,
 ) -> KubeCluster:
     started = time.monotonic()
     deadline = started + timeout
@@ -541,7 +573,12 @@ def _start_once(
     # A fresh etcd: a data dir left by an earlier start (or a retried one) has other ports.
     shutil.rmtree(work / "etcd-data", ignore_errors=True)
 
-    serving_cert, serving_key = self_signed(pki, "serving-")
+    serving_cert, serving_key = self_signed(
+        pki,
+        "serving-",
+        addresses=list(dict.fromkeys([network.address, "127.0.0.1", network.kubernetes_service])),
+        names=["kubernetes", "kubernetes.default", "kubernetes.default.svc"],
+    )
     client_ca = _make_client_ca(pki)
     admin_cert, admin_key = _make_client_cert(pki, client_ca, "admin", ["system:masters"])
     sa_private, sa_public = _make_service_account_keys(pki)
@@ -550,7 +587,7 @@ def _start_once(
     cluster = KubeCluster(
         workdir=work,
         bin_dir=folder,
-        server=f"https://127.0.0.1:{secure_port}",
+        server=f"https://{network.address}:{secure_port}",
         etcd_url=f"http://127.0.0.1:{etcd_port}",
         ca_file=serving_cert,
         admin_cert=admin_cert,
@@ -575,7 +612,7 @@ def _start_once(
     try:
         peer = f"http://127.0.0.1:{peer_port}"
         etcd_started = time.monotonic()
-        etcd = _spawn("etcd", [
+        etcd = spawn("etcd", [
             str(folder / "etcd"),
             "--name", "test",
             "--data-dir", str(work / "etcd-data"),
@@ -589,27 +626,27 @@ def _start_once(
             "--log-level", "warn",
         ], work)  # fmt: skip
         cluster._processes.append(etcd)
-        _wait_for(etcd, deadline, lambda: _etcd_healthy(cluster.etcd_url), "etcd /health")
+        wait_for(etcd, deadline, lambda: _etcd_healthy(cluster.etcd_url), "etcd /health")
         cluster.timings.etcd = time.monotonic() - etcd_started
 
         apiserver_started = time.monotonic()
-        apiserver = _spawn("kube-apiserver", [
+        apiserver = spawn("kube-apiserver", [
             str(folder / "kube-apiserver"),
             "--etcd-servers", cluster.etcd_url,
-            "--bind-address", "127.0.0.1",
-            "--advertise-address", "127.0.0.1",
-            # v1.37 refuses a loopback advertise address for the endpoint reconciler (the
-            # "kubernetes" Service's endpoints); nothing here needs that Service.
-            "--endpoint-reconciler-type", "none",
+            *network.apiserver_args(),
             "--secure-port", str(secure_port),
             "--tls-cert-file", str(serving_cert),
             "--tls-private-key-file", str(serving_key),
             "--client-ca-file", str(client_ca[0]),
+            # A node's kubelet (logs, exec, port-forward) trusts the client CA: admin's
+            # certificate, at the address the node registers (no name resolves here).
+            "--kubelet-client-certificate", str(admin_cert),
+            "--kubelet-client-key", str(admin_key),
+            "--kubelet-preferred-address-types", "InternalIP",
             "--authorization-mode", "RBAC",
             "--service-account-issuer", SERVICE_ACCOUNT_ISSUER,
             "--service-account-key-file", str(sa_public),
             "--service-account-signing-key-file", str(sa_private),
-            "--service-cluster-ip-range", "10.0.0.0/24",
             "--disable-admission-plugins", ",".join(disable_admission_plugins),
             "--allow-privileged",
             "--cert-dir", str(work / "apiserver-certs"),
@@ -617,7 +654,7 @@ def _start_once(
             *extra_apiserver_args,
         ], work)  # fmt: skip
         cluster._processes.append(apiserver)
-        _wait_for(apiserver, deadline, lambda: _ready(cluster), "kube-apiserver /readyz")
+        wait_for(apiserver, deadline, lambda: _ready(cluster), "kube-apiserver /readyz")
         cluster.timings.apiserver = time.monotonic() - apiserver_started
 
         cluster.write_kubeconfig(
@@ -632,7 +669,7 @@ def _start_once(
     return cluster
 
 
-def _wait_for(process: _Process, deadline: float, check: Callable[[], bool], what: str) -> None:
+def wait_for(process: Process, deadline: float, check: Callable[[], bool], what: str) -> None:
     pause = 0.02
     while True:
         if not process.alive():

@@ -81,7 +81,7 @@ class Locks(VariableWatch, Protocol):
     async def read_variable(self, path: str, namespace: str) -> dict[str, Any] | None: ...
 
 
-class NomadPort(JobWriter, Variables, Locks, Protocol):
+class NomadPort(JobWriter, VariableLists, Locks, Protocol):
     """Everything the engine calls: the writers above, and the lists a pass observes."""
 
     async def list_jobs(self, namespace: str, prefix: str = "") -> list[dict[str, Any]]: ...

@@ -36,8 +36,7 @@ from controller.model import DeletionPolicy, RunnerPool, format_validation_error
 from controller.nomad.config import NomadConfig
 from controller.nomad.errors import NomadError
 from controller.operator.kube import KubeClient, ObjectRef
-from controller.operator.leadership import Activity
-from controller.operator.options import PASSIVE, Connect, OperatorOptions
+from controller.operator.options import Connect, OperatorOptions
 from controller.service import Service, log_event
 from controller.sources.registration import register, removal
 
@@ -86,14 +85,12 @@ class OperatorController(Service):
             orphan_advice=ORPHAN_ADVICE,
         )
         self.kube: KubeClient | None = None
-        self.active = False
         self.registrations: dict[str, Registration] = {}
         self._nomad_warned: dict[str, float] = {}
         self._background: set[asyncio.Task[None]] = set()
-        self.activity = Activity(options.peering is not None, self.set_active)
         self._stopped = False
-        # The RunnerPools listed since this replica became active and not observed yet
-        # (None: not listed yet): until none is left, an unknown pool may be one of them.
+        # The RunnerPools listed at the start and not observed yet (None: not listed yet):
+        # until none is left, an unknown pool may be one of them.
         self._unread: set[str] | None = None
 
     # -- lifecycle --------------------------------------------------------------------
@@ -101,12 +98,7 @@ class OperatorController(Service):
     def identity(self) -> str:
         return self.options.identity
 
-    def registers_pools(self) -> bool:
-        return self.active
-
     def readiness(self) -> Readiness:
-        if not self.active:
-            return Readiness.idle(PASSIVE)
         ready = super().readiness()
         if self._unread is None:
             return dataclasses.replace(ready, waiting="the RunnerPools to be listed")
@@ -114,8 +106,6 @@ class OperatorController(Service):
         return dataclasses.replace(ready, unobserved=ready.unobserved + unread)
 
     def pools_unread(self) -> str | None:
-        if not self.active:
-            return "this replica is not active: it has read no RunnerPool"
         if self._unread is None:
             return "the RunnerPools have not been listed yet"
         if self._unread:
@@ -124,8 +114,8 @@ class OperatorController(Service):
 
     async def _list_pools(self) -> None:
         """List the RunnerPools, and again while some listed one is not observed yet."""
-        while self.active:
-            if self.kube is None:  # kopf activates this replica before it logs in
+        while True:
+            if self.kube is None:  # the replica starts before kopf logs in
                 await asyncio.sleep(LOGIN_POLL_SECONDS)
                 continue
             try:
@@ -149,25 +139,16 @@ class OperatorController(Service):
             self.kube = KubeClient(info, self.identity())
         return info
 
-    async def set_active(self, active: bool) -> None:
-        if active:
-            log.info("this replica is active: reconciling")
-            self.active = True
-            await self.engine.start()
-            self._spawn(self._list_pools())
-            self._spawn(self.resume_drains(lambda: self.active))
-            await self.start_environments()
-            self.sync_watchers()
-        else:
-            log.info("this replica is passive: not reconciling")
-            self.active, self._unread = False, None
-            await self.engine.stop()
-            await self.stop_watchers()
-            await self.stop_environments()
-            # Forget everything: the active replica owns the pools now, and kopf lists
-            # them all again when this replica resumes.
-            self.engine.forget_pools()
-            self.registrations.clear()
+    async def start(self) -> None:
+        """Reconcile from now on, before kopf hands over the first RunnerPool: the engine
+        (for the pools whose leases this replica holds), the drains recorded in Nomad,
+        the managed Poseidon environments, the event-stream watchers."""
+        log.info("replica %s: reconciling the pools whose leases it holds", self.identity())
+        await self.engine.start()
+        self._spawn(self._list_pools())
+        self._spawn(self.resume_drains())
+        await self.start_environments()
+        self.sync_watchers()
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         async def run() -> None:
@@ -182,12 +163,9 @@ class OperatorController(Service):
         if self._stopped:
             return
         self._stopped = True
-        await self.activity.stop()
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
-        if self.active:
-            await self.set_active(False)
         await self.close()
         if self.kube is not None:
             await self.kube.close()
@@ -196,8 +174,6 @@ class OperatorController(Service):
 
     async def observe(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """A watch event or a listed object: register what changed. Level triggered."""
-        if not await self.activity.sync():
-            return  # an event sneaking in while pausing: kopf lists all again on resume
         meta = body.get("metadata", {})
         ref = ObjectRef(meta.get("namespace", "default"), meta.get("name", ""), meta.get("uid", ""))
         if self._unread is not None:
@@ -336,8 +312,6 @@ class OperatorController(Service):
         the policy says to destroy. Raises kopf.TemporaryError to be called again."""
         meta = body.get("metadata", {})
         ref = ObjectRef(meta.get("namespace", "default"), meta.get("name", ""), meta.get("uid", ""))
-        if not await self.activity.sync():
-            raise kopf.TemporaryError("this replica is passive", delay=1)
         known = self.registrations.setdefault(
             ref.key, Registration(ref, int(meta.get("generation") or 0))
         )
@@ -378,8 +352,6 @@ class OperatorController(Service):
             await self._event(ref, "Normal", "Finalized", "no runners left in Nomad")
             self._forget(ref.key)
             return
-        if not self.active:
-            raise kopf.TemporaryError("this replica was paused", delay=1)
         left = len(view.runners) if ref.key in self.engine.pools else 0
         waiting = f"{policy.value}: {left} runner jobs left"
         if not reachable:
@@ -399,8 +371,6 @@ class OperatorController(Service):
         until its tombstones expire; the Kubernetes object need not wait for that."""
         deadline = time.monotonic() + FINALIZE_WAIT_SECONDS
         while True:
-            if not self.active:
-                return False  # paused meanwhile: the pool was forgotten, not drained
             view = self.engine.pools.get(key)
             if view is None:
                 return True

@@ -17,12 +17,6 @@ from controller.errors import UsageError
 from controller.logs import start_logging
 from controller.nomad.config import NomadConfig
 from controller.operator.controller import OperatorController
-from controller.operator.leadership import (
-    following,
-    install_pause_hook,
-    stop_following,
-    watch_attachment,
-)
 from controller.operator.options import (
     GROUP,
     PLURAL,
@@ -32,7 +26,7 @@ from controller.operator.options import (
     default_connect,
     operator_settings,
     options_from_args,
-    quiet_handler_successes,
+    quiet_routine_lines,
 )
 from controller.serving import nomad_config_from_env
 
@@ -84,40 +78,25 @@ async def run(
     stop_flag: asyncio.Event | threading.Event | None = None,
     started: Callable[[OperatorController], None] | None = None,
 ) -> None:
-    """One operator replica until SIGTERM/SIGINT (or `stop_flag`). Raises
-    LeadershipHookError when kopf's pause hook cannot attach."""
-    install_pause_hook()
-    quiet_handler_successes()
+    """One operator replica until SIGTERM/SIGINT (or `stop_flag`): it reconciles from the
+    start, the pools whose leases it holds (kopf runs without peering)."""
+    quiet_routine_lines()
     controller = OperatorController(options, nomad)
     await controller.serve_api(controller.readiness)
     if started is not None:
         started(controller)
-    token = following(controller.activity)
-    operator = asyncio.create_task(
-        kopf.operator(
+    try:
+        await controller.start()
+        await kopf.operator(
             registry=REGISTRY,
             settings=operator_settings(options),
             clusterwide=not options.namespaces,
             namespaces=list(options.namespaces),
-            priority=options.priority,
-            peering_name=options.peering,
-            standalone=options.peering is None,
             liveness_endpoint=options.liveness,
             memo=kopf.Memo(poolkeeper=Runtime(controller, connect)),
             stop_flag=stop_flag,
         )
-    )
-    watchdog = asyncio.create_task(watch_attachment(controller.activity))
-    try:
-        done, _ = await asyncio.wait({operator, watchdog}, return_when=asyncio.FIRST_EXCEPTION)
-        if watchdog in done and watchdog.exception() is not None:
-            raise watchdog.exception()  # type: ignore[misc]
-        await operator
     finally:
-        for task in (operator, watchdog):
-            task.cancel()
-        await asyncio.gather(operator, watchdog, return_exceptions=True)
-        stop_following(token)
         await controller.stop()
 
 
@@ -125,13 +104,7 @@ def main(args: argparse.Namespace) -> int:
     start_logging(args.log_format)
     options = options_from_args(args)
     nomad = nomad_config_from_env()
-    log.info(
-        "poolkeeper operator: %s, peering %s (priority %d, lifetime %d s)",
-        ", ".join(options.namespaces) or "all namespaces",
-        options.peering or "off",
-        options.priority,
-        options.peering_lifetime,
-    )
+    log.info("poolkeeper operator: %s", ", ".join(options.namespaces) or "all namespaces")
     no_credentials = UsageError(
         "no Kubernetes credentials: run in a pod with a service account, or set KUBECONFIG"
     )

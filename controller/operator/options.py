@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import random
 import re
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 import kopf
@@ -25,13 +24,7 @@ FINALIZER: Final = "poolkeeper.dev/finalizer"
 # kopf keeps its handler progress and last-handled spec in annotations with this prefix
 # (never in .status, which belongs to poolkeeper, and never in .spec).
 ANNOTATION_PREFIX: Final = "poolkeeper.dev"
-# A peer not heard from for this long is dead; kopf refreshes its record every
-# lifetime - (5..10) s. Failover: at once when the active replica stops gracefully (it
-# removes its record), at most this long after it died without saying goodbye.
-PEERING_LIFETIME_SECONDS: Final = 15
-PRIORITY_RANGE: Final = (1, 2**31 - 1)
 COMPONENT: Final = "poolkeeper"
-PASSIVE: Final = "passive replica: another operator replica is active"
 
 Connect = Callable[[kopf.OperatorSettings], kopf.ConnectionInfo | None]
 
@@ -51,10 +44,7 @@ def pod_identity() -> str:
 class OperatorOptions(ServiceSettings):
     listen: tuple[str, int] = ("0.0.0.0", 8080)
     namespaces: tuple[str, ...] = ()  # empty: all namespaces
-    peering: str | None = None
-    priority: int = 0
     liveness: str | None = None
-    peering_lifetime: int = PEERING_LIFETIME_SECONDS
     finalize_retry_seconds: float = 2.0
     api_error_backoffs: tuple[float, ...] | None = None  # None: kopf's own
     # Who this replica is in the pools' leases, its member record, its Kubernetes requests'
@@ -64,14 +54,8 @@ class OperatorOptions(ServiceSettings):
 
 def options_from_args(args: argparse.Namespace) -> OperatorOptions:
     shared = shared_settings(args)
-    priority = args.priority
-    if priority is None:
-        # kopf pauses every replica when two share a priority: draw from a wide range.
-        priority = random.SystemRandom().randint(*PRIORITY_RANGE)
     return OperatorOptions(
         namespaces=tuple(args.namespace or ()) if not args.all_namespaces else (),
-        peering=args.peering,
-        priority=priority,
         liveness=args.liveness,
         **shared,
     )
@@ -81,14 +65,9 @@ def operator_settings(options: OperatorOptions) -> kopf.OperatorSettings:
     settings = kopf.OperatorSettings()
     # No CRD or namespace scanning: the resources are known, and RBAC stays minimal.
     settings.scanning.disabled = True
-    settings.peering.lifetime = options.peering_lifetime
-    settings.peering.priority = options.priority
-    settings.peering.stealth = True
-    if options.peering:
-        settings.peering.name = options.peering
-        settings.peering.mandatory = True
-    else:
-        settings.peering.standalone = True
+    # No kopf peering: every replica handles every RunnerPool, and the pools' leases in
+    # Nomad decide which replica reconciles each (docs/operator.md, High availability).
+    settings.peering.standalone = True
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix=ANNOTATION_PREFIX
@@ -105,28 +84,65 @@ def operator_settings(options: OperatorOptions) -> kopf.OperatorSettings:
 
 
 def default_connect(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo | None:
-    """In a pod: the service account; elsewhere: KUBECONFIG or ~/.kube/config."""
-    return kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
-        settings=settings
-    )
+    """In a pod: the service account, at the API server's address the kubelet puts in the
+    pod's environment (KUBERNETES_SERVICE_HOST and _PORT, as client-go's in-cluster
+    configuration: kopf's https://kubernetes.default.svc would need the cluster's DNS);
+    elsewhere: KUBECONFIG or ~/.kube/config."""
+    in_pod = kopf.login_with_service_account(settings=settings)
+    if in_pod is None:
+        return kopf.login_with_kubeconfig(settings=settings)
+    host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
+    port = os.environ.get("KUBERNETES_SERVICE_PORT", "")
+    if not (host and port):
+        return in_pod
+    address = f"[{host}]" if ":" in host else host
+    return replace(in_pod, server=f"https://{address}:{port}")
 
 
-class HandlerSuccessAtDebug(logging.Filter):
-    """kopf logs "Handler 'observe' succeeded." at INFO for every watch event of every
-    RunnerPool, and has no setting for it: such lines become DEBUG lines (dropped unless
-    DEBUG is on). Failures, retries and everything else keep their level."""
+class _RoutineAtDebug(logging.Filter):
+    """Routine INFO lines a library logs with no setting to stop them become DEBUG lines
+    (dropped unless DEBUG is on). Failures, retries and everything else keep their level."""
+
+    def routine(self, message: str) -> bool:
+        raise NotImplementedError
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno != logging.INFO or not isinstance(record.msg, str):
             return True
-        if not HANDLER_SUCCEEDED.fullmatch(record.msg):
+        if not self.routine(record.msg):
             return True
         record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
         return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
 
 
-def quiet_handler_successes() -> None:
-    """Install HandlerSuccessAtDebug on kopf's object logger (once per process)."""
-    logger = logging.getLogger(KOPF_OBJECT_LOGGER)
-    if not any(isinstance(f, HandlerSuccessAtDebug) for f in logger.filters):
-        logger.addFilter(HandlerSuccessAtDebug())
+class HandlerSuccessAtDebug(_RoutineAtDebug):
+    """kopf logs "Handler 'observe' succeeded." at INFO for every watch event of every
+    RunnerPool."""
+
+    def routine(self, message: str) -> bool:
+        return bool(HANDLER_SUCCEEDED.fullmatch(message))
+
+
+class LivenessProbeAtDebug(_RoutineAtDebug):
+    """kopf's liveness endpoint (--liveness) is an aiohttp server with aiohttp's access log:
+    an INFO line for every probe, every 10 s from the kubelet, whether --access-log is on or
+    not. Probes are DEBUG lines on poolkeeper's own listener too (api/access_log.py)."""
+
+    def routine(self, message: str) -> bool:
+        return True
+
+
+# The logger each filter goes on: kopf's per-object lines, and aiohttp's access lines (in
+# the operator, only kopf's liveness endpoint writes them: poolkeeper's listener has its own).
+ROUTINE_FILTERS: Final[dict[str, type[_RoutineAtDebug]]] = {
+    KOPF_OBJECT_LOGGER: HandlerSuccessAtDebug,
+    "aiohttp.access": LivenessProbeAtDebug,
+}
+
+
+def quiet_routine_lines() -> None:
+    """Install the routine-line filters on their loggers (once per process)."""
+    for name, kind in ROUTINE_FILTERS.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, kind) for f in logger.filters):
+            logger.addFilter(kind())

@@ -19,6 +19,7 @@ from aiohttp import web
 from controller import __version__
 from controller.api.auth import SCOPE_KEY, Handler, Scope, TokenSet, scope
 from controller.claims.service import ClaimRequest
+from controller.core.environments import Environment
 from controller.core.gojson import GoStruct, go_bool, go_int
 from controller.directory.view import PoolEntry
 from controller.errors import ErrorCode as ServiceCode
@@ -48,7 +49,7 @@ from controller.poseidon.wire import (
     bad_request,
     read_struct,
 )
-from controller.sources.environments import Environment, EnvironmentInvalid, EnvironmentTaken
+from controller.sources.environments import UNKEPT, EnvironmentInvalid, EnvironmentTaken
 
 log = logging.getLogger(__name__)
 
@@ -104,18 +105,17 @@ async def fetch_first(request: web.Request) -> None:
 
 async def list_environments(request: web.Request) -> web.Response:
     await fetch_first(request)
-    serving = poseidon(request).serving(scope(request))
-    environments = [environment_body(described(view)) for _, view in sorted(serving.items())]
-    return answer({"executionEnvironments": environments})
+    environments = poseidon(request).environments(scope(request)).values()
+    return answer({"executionEnvironments": [environment_body(e) for e in environments]})
 
 
 async def get_environment(request: web.Request) -> web.Response:
     env_id = environment_id(request)
     await fetch_first(request)
-    view = poseidon(request).serving(scope(request)).get(env_id)
-    if view is None:
+    environment = poseidon(request).environments(scope(request)).get(env_id)
+    if environment is None:
         raise PoseidonError(404, None)
-    return answer(environment_body(described(view)))
+    return answer(environment_body(environment))
 
 
 async def put_environment(request: web.Request) -> web.Response:
@@ -201,6 +201,8 @@ async def claim_runner(request: web.Request) -> web.Response:
             and store.serves(env_id)
             and scope(request).allows(store.template.key(env_id))
         ):
+            if not store.kept:  # and none will be: say so (the store logged it)
+                raise PoseidonError(500, UNKEPT, ErrorCode.UNKNOWN)
             # Written, not yet run by its reconciler: none available, as Poseidon answers
             # for an environment whose runners are still starting.
             raise PoseidonError(500, NO_IDLE_RUNNER, ErrorCode.NOMAD_OVERLOAD)

@@ -11,14 +11,16 @@ from typing import Final
 from aiohttp import web
 
 from controller.api.auth import EVERY_POOL, Scope, TokenSet, scope
+from controller.claims.outcomes import ClaimOutcome
 from controller.claims.runners import RunnerClaims
 from controller.claims.service import ClaimService
+from controller.core.environments import Environment
 from controller.directory.view import PoolDirectory, PoolEntry
 from controller.errors import ErrorCode as ServiceCode
 from controller.errors import ServiceError
 from controller.executions.files import FileOperations
 from controller.executions.manager import ExecutionManager
-from controller.poseidon.environments import environment_pools
+from controller.poseidon.environments import described, environment_pools
 from controller.poseidon.wire import ErrorCode, PoseidonError, bad_request
 from controller.sources.environments import EnvironmentStore
 
@@ -68,8 +70,26 @@ class Poseidon:
         why = self.directory.available()
         if why is not None:
             raise ServiceError(ServiceCode.NOMAD_UNAVAILABLE, why)
-        managed = self.store.keys if self.store is not None else frozenset()
-        return environment_pools(self.directory, managed, visible)
+        store = self.store
+        if store is None:
+            return environment_pools(self.directory, frozenset(), visible)
+        store.forget_gone(self.directory.pools.keys())
+        serving = environment_pools(self.directory, store.keys, visible)
+        return {env_id: view for env_id, view in serving.items() if not store.gone(view.key)}
+
+    def environments(self, visible: Scope = EVERY_POOL) -> dict[int, Environment]:
+        """Environment ID -> the environment, as the pools serving them describe them; a
+        managed one as this process last wrote or read it, whether its pool runs yet or
+        not (a replica reads its own writes at once)."""
+        serving = self.serving(visible)
+        found = {env_id: described(view) for env_id, view in serving.items()}
+        if self.store is not None:
+            for env_id, environment in self.store.stored().items():
+                view = serving.get(env_id)
+                key = self.store.template.key(env_id)
+                if (view is None or self.is_managed(view)) and visible.allows(key):
+                    found[env_id] = environment
+        return dict(sorted(found.items()))
 
     def is_managed(self, view: PoolEntry) -> bool:
         return self.store is not None and view.key in self.store.keys
@@ -82,17 +102,26 @@ def poseidon(request: web.Request) -> Poseidon:
     return request.app[POSEIDON_KEY]
 
 
+# Poseidon's own words for some claim outcomes (others say the service's message).
+_CLAIM_TEXTS: Final = {
+    ClaimOutcome.EMPTY: NO_IDLE_RUNNER,
+    ClaimOutcome.UNKNOWN_POOL: NO_ENVIRONMENT,
+    ClaimOutcome.RUNNER_GONE: NO_RUNNER,
+}
+
+
 def from_service_error(error: ServiceError) -> PoseidonError:
-    """A service error as Poseidon answers the same situation."""
+    """A service error as Poseidon answers the same situation: a claim's outcome as
+    claims/outcomes.py says, the rest here."""
+    outcome = ClaimOutcome.for_code(error.code)
+    if outcome is not None:
+        answers = outcome.answers
+        code = ErrorCode(answers.poseidon_code) if answers.poseidon_code else None
+        text = _CLAIM_TEXTS.get(outcome, error.message)
+        return PoseidonError(answers.poseidon_status, text, code)
     match error.code:
-        case ServiceCode.POOL_EMPTY:
-            return PoseidonError(500, NO_IDLE_RUNNER, ErrorCode.NOMAD_OVERLOAD)
-        case ServiceCode.POOL_NOT_FOUND:
-            return PoseidonError(404, NO_ENVIRONMENT)
-        case ServiceCode.RUNNER_NOT_FOUND | ServiceCode.RUNNER_GONE:
+        case ServiceCode.RUNNER_NOT_FOUND:
             return PoseidonError(410, NO_RUNNER)
-        case ServiceCode.INVALID_REQUEST:
-            return bad_request(error.message)
         case ServiceCode.FILE_NOT_FOUND:
             return PoseidonError(424, NO_FILE)
         case ServiceCode.EXECUTION_NOT_FOUND:
@@ -103,8 +132,6 @@ def from_service_error(error: ServiceError) -> PoseidonError:
             return bad_request(error.message)
         case ServiceCode.TOO_MANY_EXECUTIONS:
             return PoseidonError(409, error.message)
-        case ServiceCode.NOMAD_UNAVAILABLE:
-            return PoseidonError(500, error.message, ErrorCode.NOMAD_UNREACHABLE)
         case _:
             return PoseidonError(500, error.message, ErrorCode.UNKNOWN)
 

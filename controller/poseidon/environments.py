@@ -7,9 +7,10 @@ from collections.abc import Collection
 from typing import Any
 
 from controller.api.auth import EVERY_POOL, Scope
+from controller.core.environments import Environment
 from controller.directory.view import PoolDirectory, PoolEntry
 from controller.model import RunnerPool
-from controller.sources.environments import Environment, environment_of
+from controller.sources.environments import environment_of
 
 
 def environment_pools(

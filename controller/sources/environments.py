@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -27,6 +26,8 @@ from typing import Any, Final, Protocol
 import yaml
 from pydantic import ValidationError
 
+from controller.core.environments import Environment
+from controller.core.paths import ENVIRONMENTS_PREFIX, environment_path
 from controller.core.views import PoolMode
 from controller.model import (
     API_VERSION,
@@ -37,15 +38,13 @@ from controller.model import (
     is_environment_id,
     validation_errors,
 )
-from controller.nomad.errors import NomadConflict
-from controller.nomad.port import Variables
+from controller.records.environments import EnvironmentRecords
+from controller.records.reading import Known
 from controller.sources.registration import removal
 
 log = logging.getLogger(__name__)
 
-ENVIRONMENTS_PREFIX: Final = "poolkeeper/environments/"
 DEFAULT_NAMESPACE: Final = "poseidon"
-CAS_ATTEMPTS: Final = 5
 
 # What each environment sets, so an environment template may not (document paths).
 ENVIRONMENT_FIELDS: Final = (
@@ -70,91 +69,19 @@ _POSEIDON_NAMES: Final = {
 }
 
 
+# What the API tier says when no reconciler registers the managed environments' pools.
+UNKEPT: Final = (
+    "managed Poseidon environments are kept in Nomad, but no reconciler runs them: start "
+    "poolkeeper run or operator with --poseidon-api --poseidon-environments managed"
+)
+
+
 class EnvironmentInvalid(ValueError):
     """An environment that makes no valid pool; the message names the field."""
 
 
 class EnvironmentTaken(ValueError):
     """An environment whose pool key a pool of another source (files, resources) holds."""
-
-
-@dataclass(frozen=True)
-class Environment:
-    """An execution environment as Poseidon describes it."""
-
-    id: int
-    prewarming_pool_size: int
-    cpu_limit: int
-    memory_limit: int
-    image: str
-    network_access: bool
-    exposed_ports: tuple[int, ...] = ()
-
-    @property
-    def ports(self) -> tuple[int, ...]:
-        """The ports that are exposed: sorted, once each, and only with network access
-        (Poseidon ignores them without)."""
-        return tuple(sorted(set(self.exposed_ports))) if self.network_access else ()
-
-    def differences(self, other: Environment) -> list[str]:
-        """How `other` differs from this one, field by field in Poseidon's names."""
-        fields = (
-            ("image", self.image, other.image),
-            ("cpuLimit", self.cpu_limit, other.cpu_limit),
-            ("memoryLimit", self.memory_limit, other.memory_limit),
-            ("networkAccess", self.network_access, other.network_access),
-            ("exposedPorts", list(self.ports), list(other.ports)),
-            ("prewarmingPoolSize", self.prewarming_pool_size, other.prewarming_pool_size),
-        )
-        return [
-            f"{name} is {json.dumps(ours)}, not {json.dumps(theirs)}"
-            for name, ours, theirs in fields
-            if ours != theirs
-        ]
-
-    def items(self) -> dict[str, str]:
-        """The environment as the items of its Nomad variable."""
-        return {
-            "image": self.image,
-            "prewarmingPoolSize": str(self.prewarming_pool_size),
-            "cpuLimit": str(self.cpu_limit),
-            "memoryLimit": str(self.memory_limit),
-            "networkAccess": "true" if self.network_access else "false",
-            "exposedPorts": ",".join(str(port) for port in self.exposed_ports),
-        }
-
-    @classmethod
-    def from_items(cls, env_id: int, items: Mapping[str, Any]) -> Environment:
-        """The environment a variable holds; ValueError when an item is missing or bad."""
-
-        def number(name: str) -> int:
-            text = items.get(name)
-            if not isinstance(text, str) or not text.isdigit():
-                raise ValueError(f"item {name} must be a decimal number, not {text!r}")
-            return int(text)
-
-        image, network, ports = (
-            items.get("image"),
-            items.get("networkAccess"),
-            items.get("exposedPorts", ""),
-        )
-        if not isinstance(image, str):
-            raise ValueError("item image is missing")
-        if network not in ("true", "false"):
-            raise ValueError(f"item networkAccess must be true or false, not {network!r}")
-        if not isinstance(ports, str) or not all(p.isdigit() for p in ports.split(",") if ports):
-            raise ValueError(
-                f"item exposedPorts must be decimal ports separated by commas, not {ports!r}"
-            )
-        return cls(
-            id=env_id,
-            prewarming_pool_size=number("prewarmingPoolSize"),
-            cpu_limit=number("cpuLimit"),
-            memory_limit=number("memoryLimit"),
-            image=image,
-            network_access=network == "true",
-            exposed_ports=tuple(int(p) for p in ports.split(",")) if ports else (),
-        )
 
 
 def environment_of(pool: RunnerPool) -> Environment | None:
@@ -263,6 +190,10 @@ def _poseidon_path(path: str) -> str:
     return name + bracket + index if name is not None else path
 
 
+def _environment_id(path: str) -> int:
+    return int(path.removeprefix(ENVIRONMENTS_PREFIX))
+
+
 def pool_name(env_id: int) -> str:
     return f"environment-{env_id}"
 
@@ -319,16 +250,14 @@ class EnvironmentStore:
 
     def __init__(
         self,
-        port: Variables,
-        namespace: str,
+        records: EnvironmentRecords,
         template: EnvironmentTemplate,
         engine: Registrar | None,
         *,
         active: Callable[[], bool] = lambda: True,
         on_written: Callable[[], None] = lambda: None,
     ) -> None:
-        self._port = port
-        self._namespace = namespace
+        self._records = records
         self.template = template
         self._engine = engine
         self._active = active
@@ -337,6 +266,12 @@ class EnvironmentStore:
         self._lock = asyncio.Lock()  # a refresh never applies a read older than a write
         self._warned: set[tuple[str, int]] = set()
         self._registered: set[str] = set()  # keys this store gave the engine
+        # Pools of environments deleted (here, or seen gone) that a directory may still
+        # list until their reconciler drains them: served no more.
+        self._gone: set[str] = set()
+        # Without an engine (the API tier): the reconcilers that register the
+        # environments' pools, as their member records last said (None: not read yet).
+        self._keepers: frozenset[str] | None = None
 
     @property
     def keys(self) -> frozenset[str]:
@@ -349,40 +284,62 @@ class EnvironmentStore:
         stored = self._stored.get(env_id)
         return stored is not None and stored.pool is not None
 
+    def stored(self) -> dict[int, Environment]:
+        """The environments stored with a valid pool, as this process last read or wrote
+        them (what it wrote, at once)."""
+        return {
+            env_id: s.environment
+            for env_id, s in self._stored.items()
+            if s.pool is not None and s.environment is not None
+        }
+
+    def gone(self, key: str) -> bool:
+        """Whether the pool is of an environment deleted since: not to be served, though
+        a directory may list it until its reconciler drains it."""
+        return key in self._gone
+
+    def forget_gone(self, listed: Collection[str]) -> None:
+        """Pools a directory no longer lists need no hiding."""
+        self._gone &= set(listed)
+
+    @property
+    def kept(self) -> bool:
+        """Whether a reconciler registers the environments' pools (as far as known)."""
+        return self._engine is not None or self._keepers is None or bool(self._keepers)
+
+    def note_keepers(self, keepers: Collection[str]) -> None:
+        """The reconcilers that register the environments' pools now (the API tier reads
+        them from their member records): say when none does while environments wait."""
+        kept = frozenset(keepers)
+        if not kept and self._stored and self._keepers != kept:
+            log.warning("%s", UNKEPT)
+        elif kept and self._keepers is not None and not self._keepers:
+            log.info("a reconciler runs the managed environments again: %s", ", ".join(kept))
+        self._keepers = kept
+
     # ---- reading ---------------------------------------------------------------------
 
     async def refresh(self) -> None:
         """Read the environments from Nomad (only changed variables are read again) and
         make the engine hold their pools. A failed read changes nothing."""
         async with self._lock:
-            listed = await self._port.list_variables(ENVIRONMENTS_PREFIX, self._namespace)
-            found: dict[int, _Stored] = {}
-            for meta in listed:
-                path = str(meta.get("Path", ""))
-                suffix = path.removeprefix(ENVIRONMENTS_PREFIX)
-                if not is_environment_id(suffix):
-                    self._warn_once(path, 0, "not an environment ID; ignored")
-                    continue
-                env_id, index = int(suffix), int(meta.get("ModifyIndex", 0))
-                known = self._stored.get(env_id)
-                if known is not None and known.modify_index == index:
-                    found[env_id] = known
-                    continue
-                variable = await self._port.read_variable(path, self._namespace)
-                if variable is not None:
-                    found[env_id] = self._read(env_id, path, variable, known)
+            known = {environment_path(i): Known(s.modify_index, s) for i, s in self._stored.items()}
+            read = await self._records.read(known, self._decode, self._valid)
+            found = {_environment_id(path): hit.value for path, hit in read.items()}
             for env_id in self._stored.keys() - found.keys():
-                # Nomad leaves out of a list, silently, what the token may not read: a
-                # variable is gone only when reading it says so (a 403 stops the refresh).
-                path = ENVIRONMENTS_PREFIX + str(env_id)
-                variable = await self._port.read_variable(path, self._namespace)
-                if variable is None:
-                    self._remove(self._stored[env_id])
-                else:
-                    self._warn_once(path, 0, "missing from the list but readable: kept")
-                    found[env_id] = self._read(env_id, path, variable, self._stored[env_id])
+                self._remove(self._stored[env_id])
             self._stored = found
             self._register()
+
+    def _valid(self, path: str) -> bool:
+        if is_environment_id(path.removeprefix(ENVIRONMENTS_PREFIX)):
+            return True
+        self._warn_once(path, 0, "not an environment ID; ignored")
+        return False
+
+    def _decode(self, path: str, variable: Mapping[str, Any]) -> _Stored:
+        env_id = _environment_id(path)
+        return self._read(env_id, path, variable, self._stored.get(env_id))
 
     def _read(
         self, env_id: int, path: str, variable: Mapping[str, Any], known: _Stored | None
@@ -411,47 +368,27 @@ class EnvironmentStore:
         pool = self.template.pool_for(environment)
         if self._held_elsewhere(pool.key):
             raise EnvironmentTaken(f"pool {pool.key} is defined by the pool files or a resource")
-        path = ENVIRONMENTS_PREFIX + str(environment.id)
         async with self._lock:
-            for _ in range(CAS_ATTEMPTS):
-                current = await self._port.read_variable(path, self._namespace)
-                index = int(current.get("ModifyIndex", 0)) if current is not None else 0
-                try:
-                    stored = await self._port.put_variable(
-                        path, environment.items(), self._namespace, cas=index
-                    )
-                except NomadConflict:
-                    continue  # written meanwhile by another replica: read it again
-                new_index = int(stored.get("ModifyIndex", 0))
-                self._stored[environment.id] = _Stored(new_index, environment, pool)
-                self._register()
-                self._on_written()
-                return index == 0
-        raise NomadConflict(f"{path} changed {CAS_ATTEMPTS} times while being written")
+            index, created = await self._records.put(environment.id, environment.items())
+            self._stored[environment.id] = _Stored(index, environment, pool)
+            self._gone.discard(pool.key)
+            if not self.kept:
+                log.warning("Poseidon environment %d written: %s", environment.id, UNKEPT)
+            self._register()
+            self._on_written()
+            return created
 
     async def delete(self, env_id: int) -> bool:
         """Remove an environment (its pool drains); False when there is none."""
-        path = ENVIRONMENTS_PREFIX + str(env_id)
         async with self._lock:
-            for _ in range(CAS_ATTEMPTS):
-                current = await self._port.read_variable(path, self._namespace)
-                if current is None:
-                    gone = self._stored.pop(env_id, None)
-                    if gone is not None:
-                        self._remove(gone)
-                    return False
-                try:
-                    await self._port.delete_variable(
-                        path, self._namespace, cas=int(current.get("ModifyIndex", 0))
-                    )
-                except NomadConflict:
-                    continue
-                gone = self._stored.pop(env_id, None)
-                if gone is not None:
-                    self._remove(gone)
+            removed = await self._records.delete(env_id)
+            gone = self._stored.pop(env_id, None)
+            if gone is not None:
+                self._remove(gone)
+            self._gone.add(self.template.key(env_id))
+            if removed:
                 self._on_written()
-                return True
-        raise NomadConflict(f"{path} changed {CAS_ATTEMPTS} times while being deleted")
+            return removed
 
     # ---- the engine --------------------------------------------------------------------
 
@@ -479,6 +416,8 @@ class EnvironmentStore:
 
     def _remove(self, stored: _Stored) -> None:
         pool = stored.pool
+        if pool is not None:
+            self._gone.add(pool.key)
         if (
             self._engine is not None
             and pool is not None

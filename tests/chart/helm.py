@@ -32,12 +32,12 @@ def helm_binary() -> Path:
     return HELM
 
 
-def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
+def run_helm(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(helm_binary()), *args],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
         check=False,
         cwd=ROOT,
     )

@@ -9,9 +9,6 @@ from typing import Final
 SCENARIOS: Final[dict[str, dict[str, str]]] = {
     "default": {},
     "serviceMonitor": {"serviceMonitor.enabled": "true"},
-    # kopf peering: active/passive operator replicas (off by default: all active).
-    "peering": {"peering.enabled": "true"},
-    "allNamespacesPeering": {"watch.allNamespaces": "true", "peering.enabled": "true"},
     "operatorBudget": {"replicaCount": "3", "podDisruptionBudget.minAvailable": "2"},
     "networkPolicy": {
         "networkPolicy.enabled": "true",
@@ -46,7 +43,6 @@ SCENARIOS: Final[dict[str, dict[str, str]]] = {
         "grafanaDashboard.enabled": "true",
         "prometheusRule.enabled": "true",
         "watch.allNamespaces": "true",
-        "peering.enabled": "true",
         "nomad.caCert": "true",
         "nomad.namespace": '"runners"',
         "nomad.region": '"eu"',

@@ -235,7 +235,7 @@ CASES: Final = [
     Case(
         "PoolkeeperNoReconcilePass",
         {
-            # a: holds pools, no pass; b: a passive replica (no pools), no pass; c: passes.
+            # a: holds pools, no pass; b: holds none (others hold the leases), no pass; c: passes.
             series(PASSES, "a"): "7x10",
             series(DESIRED, "a", pool="default/p"): "2x10",
             series(PASSES, "b"): "7x10",

@@ -359,12 +359,8 @@ def test_notes_describe_both_tiers(tmp_path: Path) -> None:
         "the operator (2 replica(s) of Deployment pk-poolkeeper) reconciles: the pools' leases "
         "are spread over them, all ready." in notes
     )
-    assert "keeps it from being evicted" not in notes
-    own = render_notes(tmp_path / "b", {**SCENARIOS["apiNomadToken"], **SCENARIOS["peering"]})
+    own = render_notes(tmp_path / "b", SCENARIOS["apiNomadToken"])
     assert "create secret generic poolkeeper-nomad-api" in own
-    assert "reconciles: one is active (ready), the others wait unready." in own
-    # Peering leaves one ready replica, which the default budget keeps from being evicted.
-    assert "podDisruptionBudget.enabled keeps it from being evicted" in " ".join(own.split())
     scaled = render_notes(tmp_path / "c", SCENARIOS["apiAutoscaling"])
     assert "The API tier (3 to 12 replicas of Deployment pk-poolkeeper-api)" in scaled
     before = render_notes(tmp_path / "d", API_OFF)

@@ -45,9 +45,6 @@ from tests.chart.workloads import (
 
 KUBERNETES_VERSION: Final = "1.32"
 
-CRD_FILE: Final = "runnerpools.poolkeeper.dev.yaml"
-PEERING_CRDS: Final = ROOT / "charts" / "poolkeeper" / "crds" / "kopf-peerings.yaml"
-
 
 # --- lint and offline validation ----------------------------------------------------------
 
@@ -56,17 +53,6 @@ PEERING_CRDS: Final = ROOT / "charts" / "poolkeeper" / "crds" / "kopf-peerings.y
 def test_helm_lint_strict(scenario: str) -> None:
     result = run_helm("lint", "--strict", str(CHART), *set_args(SCENARIOS[scenario]))
     assert result.returncode == 0, result.stdout + result.stderr
-
-
-def _peering_schemas() -> dict[str, Mapping[str, Any]]:
-    schemas = {}
-    for crd in yaml.safe_load_all(PEERING_CRDS.read_text(encoding="utf-8")):
-        (version,) = crd["spec"]["versions"]
-        api_version = f"{crd['spec']['group']}/{version['name']}"
-        schemas[f"{api_version}/{crd['spec']['names']['kind']}"] = version["schema"][
-            "openAPIV3Schema"
-        ]
-    return schemas
 
 
 def _check_service_monitor(manifest: Manifest, manifests: list[Manifest]) -> None:
@@ -90,20 +76,16 @@ def _check_service_monitor(manifest: Manifest, manifests: list[Manifest]) -> Non
 
 def validate_offline(manifests: list[Manifest]) -> list[str]:
     """Every manifest against the Kubernetes 1.32 schemas (strict: no unknown fields).
-    Kinds without a built-in schema: kopf peerings against their CRD in the chart, the
-    ServiceMonitor and the PrometheusRule by their own checks; any other unknown kind is
-    an error."""
+    Kinds without a built-in schema: the ServiceMonitor and the PrometheusRule by their
+    own checks; any other unknown kind is an error."""
     problems: list[str] = []
-    peering_schemas = _peering_schemas()
     for manifest in manifests:
         name = f"{manifest['kind']}/{manifest['metadata']['name']}"
         try:
             kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
         except kubernetes_validate.SchemaNotFoundError:
             key = f"{manifest['apiVersion']}/{manifest['kind']}"
-            if key in peering_schemas:
-                jsonschema.Draft4Validator(peering_schemas[key]).validate(manifest)
-            elif key == "monitoring.coreos.com/v1/ServiceMonitor":
+            if key == "monitoring.coreos.com/v1/ServiceMonitor":
                 _check_service_monitor(manifest, manifests)
             elif key == "monitoring.coreos.com/v1/PrometheusRule":
                 anchors = doc_anchors(OPERATOR_DOCS.read_text(encoding="utf-8"))
@@ -134,8 +116,6 @@ def test_offline_validation_catches_a_misspelled_field() -> None:
     ("scenario", "kind", "names"),
     [
         ("serviceMonitor", "ServiceMonitor", {OPERATOR, API}),
-        ("peering", "KopfPeering", {"poolkeeper"}),
-        ("allNamespacesPeering", "ClusterKopfPeering", {"poolkeeper"}),
         ("networkPolicy", "NetworkPolicy", {OPERATOR, API}),
         ("grafanaDashboard", "ConfigMap", {"pk-poolkeeper-dashboard"}),
         ("prometheusRule", "PrometheusRule", {"pk-poolkeeper"}),
@@ -188,7 +168,7 @@ def test_values_schema_rejects_a_misspelled_key(key: str, value: str, misspelled
         ("apiTls.secretName", '"Not_A_Secret"'),
         ("podDisruptionBudget.minAvailable", "0"),
         ("podDisruptionBudget.maxUnavailable", "1"),  # the budget counts ready pods left
-        ("peering.enabled", '"yes"'),
+        ("peering.enabled", "true"),  # kopf peering is gone: leases share the pools
     ],
 )
 def test_values_schema_rejects_bad_values(key: str, value: str) -> None:
@@ -218,29 +198,9 @@ def test_values_file_matches_its_schema() -> None:
 # --- the CRDs -----------------------------------------------------------------------------
 
 
-def test_chart_crd_is_identical_to_the_top_level_copy() -> None:
-    top = (ROOT / "crds" / CRD_FILE).read_bytes()
-    assert (CHART / "crds" / CRD_FILE).read_bytes() == top
-
-
-def test_chart_ships_the_crds_kopf_peering_needs() -> None:
-    crds = {m["metadata"]["name"]: m for m in of_kind(render(), "CustomResourceDefinition")}
-    assert set(crds) == {
-        "runnerpools.poolkeeper.dev",
-        "kopfpeerings.kopf.dev",
-        "clusterkopfpeerings.kopf.dev",
-    }
-    assert crds["kopfpeerings.kopf.dev"]["spec"]["scope"] == "Namespaced"
-    assert crds["clusterkopfpeerings.kopf.dev"]["spec"]["scope"] == "Cluster"
-    for name in ("kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"):
-        spec = crds[name]["spec"]
-        assert spec["group"] == "kopf.dev"
-        (version,) = spec["versions"]
-        assert version["name"] == "v1" and version["served"] and version["storage"]
-        # kopf writes its keep-alives into a free-form status with plain patches.
-        assert "subresources" not in version
-        status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
-        assert status["x-kubernetes-preserve-unknown-fields"] is True
+def test_chart_ships_the_runnerpool_crd_alone() -> None:
+    crds = of_kind(render(), "CustomResourceDefinition")
+    assert [crd["metadata"]["name"] for crd in crds] == ["runnerpools.poolkeeper.dev"]
 
 
 # --- RBAC ---------------------------------------------------------------------------------
@@ -256,14 +216,11 @@ def _rules(role: Manifest) -> set[tuple[str, str, str]]:
     }
 
 
-def expected_rules(peering: str | None) -> set[tuple[str, str, str]]:
-    """The operator's rules; with kopf peering (its resource named), the peering's too."""
-    rules = {("poolkeeper.dev", "runnerpools", v) for v in ("get", "list", "watch", "patch")}
-    rules.add(("poolkeeper.dev", "runnerpools/status", "patch"))
-    rules.add(("", "events", "create"))
-    if peering is not None:
-        rules |= {("kopf.dev", peering, v) for v in ("get", "list", "watch", "patch")}
-    return rules
+EXPECTED_RULES: Final = {
+    *(("poolkeeper.dev", "runnerpools", verb) for verb in ("get", "list", "watch", "patch")),
+    ("poolkeeper.dev", "runnerpools/status", "patch"),
+    ("", "events", "create"),
+}
 
 
 def _no_wildcards(role: Manifest) -> None:
@@ -274,15 +231,11 @@ def _no_wildcards(role: Manifest) -> None:
 
 
 @pytest.mark.parametrize(
-    ("values", "namespaces", "peering"),
-    [
-        (SCENARIOS["default"], [NAMESPACE], None),
-        (SCENARIOS["namespaces"], ["team-a", "team-b"], None),
-        ({**SCENARIOS["namespaces"], **SCENARIOS["peering"]}, ["team-a", "team-b"], "kopfpeerings"),
-    ],
+    ("values", "namespaces"),
+    [(SCENARIOS["default"], [NAMESPACE]), (SCENARIOS["namespaces"], ["team-a", "team-b"])],
 )
 def test_namespaced_rbac_is_exactly_the_least_privilege_set(
-    values: dict[str, str], namespaces: list[str], peering: str | None
+    values: dict[str, str], namespaces: list[str]
 ) -> None:
     manifests = render(values)
     assert of_kind(manifests, "ClusterRole") == []
@@ -293,7 +246,7 @@ def test_namespaced_rbac_is_exactly_the_least_privilege_set(
     account = named(manifests, "ServiceAccount", OPERATOR)["metadata"]
     for role in roles:
         _no_wildcards(role)
-        assert _rules(role) == expected_rules(peering)
+        assert _rules(role) == EXPECTED_RULES
     for binding in bindings:
         role_name = binding["roleRef"]["name"]
         assert binding["roleRef"]["kind"] == "Role"
@@ -312,19 +265,13 @@ def test_namespaced_rbac_is_exactly_the_least_privilege_set(
     assert sorted(b["metadata"]["namespace"] for b in bindings) == sorted(namespaces)
 
 
-@pytest.mark.parametrize(
-    ("scenario", "peering"),
-    [("allNamespaces", None), ("allNamespacesPeering", "clusterkopfpeerings")],
-)
-def test_all_namespaces_rbac_is_a_cluster_role_with_the_same_rules(
-    scenario: str, peering: str | None
-) -> None:
-    manifests = render(SCENARIOS[scenario])
+def test_all_namespaces_rbac_is_a_cluster_role_with_the_same_rules() -> None:
+    manifests = render(SCENARIOS["allNamespaces"])
     assert of_kind(manifests, "Role") == []
     assert of_kind(manifests, "RoleBinding") == []
     role = only(manifests, "ClusterRole")
     _no_wildcards(role)
-    assert _rules(role) == expected_rules(peering)
+    assert _rules(role) == EXPECTED_RULES
     binding = only(manifests, "ClusterRoleBinding")
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
@@ -368,45 +315,15 @@ def test_deployment_args_in_namespaced_mode() -> None:
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_no_priority_is_passed_and_the_scope_is_exclusive(scenario: str) -> None:
-    """Replicas draw distinct random priorities themselves: the chart must not pin one.
-    kopf peering only where a scenario turns it on."""
-    values = SCENARIOS[scenario]
-    args = container(render(values))["args"]
-    assert not any(arg.startswith("--priority") for arg in args)
-    if values.get("peering.enabled") == "true":
-        assert args[:3] == ["operator", "--peering", "poolkeeper"]
-    else:
-        assert args[0] == "operator" and "--peering" not in args
+def test_the_operator_command_and_its_exclusive_scope(scenario: str) -> None:
+    args = container(render(SCENARIOS[scenario]))["args"]
+    assert args[0] == "operator"
     assert ("--all-namespaces" in args) != ("--namespace" in args)
     assert ("--api-token-file" in args) != ("--insecure-no-auth" in args)
 
 
 def test_all_namespaces_mode() -> None:
-    manifests = render(SCENARIOS["allNamespaces"])
-    assert "--all-namespaces" in container(manifests)["args"]
-    assert of_kind(manifests, "ClusterKopfPeering") == of_kind(manifests, "KopfPeering") == []
-    manifests = render(SCENARIOS["allNamespacesPeering"])
-    args = container(manifests)["args"]
-    assert "--all-namespaces" in args
-    peering = only(manifests, "ClusterKopfPeering")
-    assert of_kind(manifests, "KopfPeering") == []
-    assert peering["metadata"]["name"] == args[args.index("--peering") + 1]
-    assert "namespace" not in peering["metadata"]
-
-
-@pytest.mark.parametrize(
-    ("scenario", "namespaces"),
-    [("default", [NAMESPACE]), ("namespaces", ["team-a", "team-b"])],
-)
-def test_a_peering_object_exists_where_the_operator_looks(
-    scenario: str, namespaces: list[str]
-) -> None:
-    manifests = render({**SCENARIOS[scenario], **SCENARIOS["peering"]})
-    args = container(manifests)["args"]
-    peerings = of_kind(manifests, "KopfPeering")
-    assert {p["metadata"]["name"] for p in peerings} == {args[args.index("--peering") + 1]}
-    assert sorted(p["metadata"]["namespace"] for p in peerings) == sorted(namespaces)
+    assert "--all-namespaces" in container(render(SCENARIOS["allNamespaces"]))["args"]
 
 
 def test_replicas_and_update_strategy() -> None:
@@ -418,9 +335,6 @@ def test_replicas_and_update_strategy() -> None:
         "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
     }
     assert deployment(render({"replicaCount": "3"}))["spec"]["replicas"] == 3
-    # With kopf peering passive replicas never become ready: a rolling update would wait
-    # for them forever.
-    assert deployment(render(SCENARIOS["peering"]))["spec"]["strategy"] == {"type": "Recreate"}
 
 
 def test_hardened_security_context() -> None:
@@ -515,12 +429,8 @@ def test_nomad_connection_and_api_tokens_come_from_secrets() -> None:
     assert variables["NOMAD_TOKEN"] == {
         "secretKeyRef": {"name": "poolkeeper-nomad", "key": "token", "optional": True}
     }
-    # The lease identity (and Events' reporting instance) is the pod's name; kopf's
-    # peering identity too, with peering.
+    # The lease identity (and Events' reporting instance) is the pod's name.
     assert variables["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
-    assert "POD_ID" not in variables
-    peering = env(container(render(SCENARIOS["peering"])))
-    assert peering["POD_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert "NOMAD_CACERT" not in variables and "NOMAD_NAMESPACE" not in variables
     files = mounted_secret_files(manifests)
     token_file = operator["args"][operator["args"].index("--api-token-file") + 1]
@@ -563,8 +473,8 @@ def test_pod_disruption_budget_selects_the_pods() -> None:
     manifests = render()
     budget = named(manifests, "PodDisruptionBudget", OPERATOR)["spec"]
     assert selected(manifests, budget["selector"]["matchLabels"]) == {OPERATOR}
-    # One of the two ready replicas may go at a time; an unready one (Nomad unreachable, or
-    # passive with peering) always may.
+    # One of the two ready replicas may go at a time; an unready one (Nomad unreachable)
+    # always may.
     assert budget["minAvailable"] == 1
     assert budget["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
     assert "maxUnavailable" not in budget
@@ -662,8 +572,6 @@ def test_notes_render(tmp_path: Path) -> None:
     assert "create secret generic poolkeeper-nomad" in notes
     assert "create secret generic poolkeeper-api-tokens" in notes
     assert f"RunnerPools in: {NAMESPACE}.\n" in notes
-    peering = render_notes(tmp_path / "e", SCENARIOS["peering"])
-    assert f'RunnerPools in: {NAMESPACE} (peering: KopfPeering "poolkeeper" in each).' in peering
     insecure = render_notes(
         tmp_path / "b", {**SCENARIOS["allNamespaces"], **SCENARIOS["insecureNoAuth"]}
     )

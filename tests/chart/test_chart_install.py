@@ -3,7 +3,8 @@ uninstalled; and every value set of tests/chart/scenarios.py as the server takes
 
 The cluster is this module's own: helm installs a chart's CRDs only where none exist, and
 CRDs are cluster-wide (the session's cluster has them from the operator's tests). No
-kubelet or controller-manager runs, so no pod starts: the objects are checked, not pods.
+kubelet or controller-manager runs, so no pod starts: the objects are checked, not pods
+(test_chart_on_node.py runs the pods, on a real node).
 The Prometheus operator's ServiceMonitor and PrometheusRule CRDs are stand-ins written
 for this test (monitoring-crds.yaml).
 """
@@ -31,8 +32,6 @@ pytestmark = pytest.mark.slow
 MONITORING_CRDS: Final = Path(__file__).with_name("monitoring-crds.yaml")
 CHART_CRDS: Final = {
     "runnerpools.poolkeeper.dev": CHART / "crds" / "runnerpools.poolkeeper.dev.yaml",
-    "kopfpeerings.kopf.dev": CHART / "crds" / "kopf-peerings.yaml",
-    "clusterkopfpeerings.kopf.dev": CHART / "crds" / "kopf-peerings.yaml",
 }
 EXAMPLES: Final = CHART.parents[1] / "examples" / "pools.yaml"
 # docs/operator.md, "Upgrade, including the CRDs" (helm installs them on the first install
@@ -104,12 +103,10 @@ EVERYTHING_OBJECTS: Final = {
     ("ConfigMap", f"{OPERATOR}-poseidon"),
 }
 # The upgrade: fixed API replicas (the HPA goes), other resources and Secret names, one
-# more operator replica, no dashboard, kopf peering on (its objects come, and the operator
-# Deployment's rolling update becomes Recreate).
+# more operator replica, no dashboard.
 UPGRADE: Final[dict[str, Any]] = {
     **EVERYTHING,
     "replicaCount": 3,
-    "peering": {"enabled": True},
     "api": {
         "autoscaling": {"enabled": False},
         "replicas": 3,
@@ -306,13 +303,10 @@ def test_install_upgrade_and_uninstall_everything(cluster: KubeCluster, tmp_path
     assert {(m["kind"], m["metadata"]["name"]) for m in upgraded} == EVERYTHING_OBJECTS - {
         ("HorizontalPodAutoscaler", API),
         ("ConfigMap", f"{OPERATOR}-dashboard"),
-    } | {("KopfPeering", "poolkeeper")}
-    peerings = {m["metadata"]["namespace"] for m in upgraded if m["kind"] == "KopfPeering"}
-    assert peerings == {RELEASE_NS, TEAM_NS}
+    }
     assert_stored_as_rendered(cluster, upgraded)
     objects = live(cluster, upgraded)
     assert deployment(objects)["spec"]["replicas"] == 3
-    assert deployment(objects)["spec"]["strategy"] == {"type": "Recreate"}  # no rollingUpdate
     assert deployment(objects, API)["spec"]["replicas"] == 3
     assert container(objects, API)["resources"] == UPGRADE["api"]["resources"]
     token_ref = env(container(objects, API))["NOMAD_TOKEN"]["secretKeyRef"]
@@ -356,12 +350,7 @@ def test_install_upgrade_and_uninstall_everything(cluster: KubeCluster, tmp_path
 def scenario_cluster(cluster: KubeCluster) -> KubeCluster:
     """The cluster with the chart's CRDs and the namespaces the scenarios render for."""
     cluster.kubectl(*UPGRADE_CRDS)
-    for collection in (
-        POOLS,
-        "/apis/kopf.dev/v1/kopfpeerings",
-        "/apis/kopf.dev/v1/clusterkopfpeerings",
-    ):
-        cluster.wait_served(collection)
+    cluster.wait_served(POOLS)
     for namespace in (NAMESPACE, "team-a", "team-b"):
         status, answer = cluster.request(
             "POST", "/api/v1/namespaces", {"metadata": {"name": namespace}}

@@ -53,7 +53,7 @@ async def test_metrics_carry_the_contract_series(harness: Harness, tmp_path):
 
 
 async def test_a_stopped_event_stream_watcher_leaves_no_series(harness: Harness, tmp_path):
-    """A passive operator replica stops its watchers: no stream of it is down."""
+    """A process stopping stops its watchers first: no stream of it is down."""
     controller = await harness.start(write_pools(tmp_path / "p.yaml", pool_doc("py", idle=1)))
     await harness.settled(controller)
     _, text = await harness.api(controller, "GET", "/metrics", token=None)

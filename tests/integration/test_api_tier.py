@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from controller.core.catalog import DOORBELL_PATH, catalog_path
-from controller.core.leases import lease_path
+from controller.core.paths import DOORBELL_PATH, catalog_path, lease_path
 from controller.lab.simulator import Simulator
 from controller.nomad.config import NomadConfig
 from tests.support.documents import pool_doc

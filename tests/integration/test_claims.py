@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.core.claims import claim_path
+from controller.core.paths import claim_path
 from controller.core.views import RunnerState
 from controller.standalone import Controller
 from tests.support.documents import pool_doc

@@ -28,7 +28,7 @@ import controller.api.bodies as common
 import controller.serving as serving
 from controller.api.app import MAX_BODY_BYTES
 from controller.api_tier import ApiTier
-from controller.core.catalog import RECONCILER_RECORDS
+from controller.core.paths import RECONCILER_RECORDS
 from controller.lab.simulator import Simulator
 from controller.standalone import Controller
 from tests.support.fuzzing import against_live_service

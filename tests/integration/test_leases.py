@@ -13,9 +13,11 @@ from typing import Any
 import pytest
 
 from controller import service
-from controller.core.leases import lease_path, takeover_seconds
+from controller.core.leases import takeover_seconds
+from controller.core.paths import lease_path
 from controller.core.runner_ids import META_POOL
 from controller.engine import drains
+from controller.engine.publish import Publisher
 from controller.standalone import Controller
 from tests.support.documents import pool_doc
 from tests.support.waiting import wait_until
@@ -305,3 +307,26 @@ async def test_pools_a_live_process_holds_are_no_orphans_even_with_prune(
     await wait_until(pruned, what="the runners of the pool nobody defines any more")
     assert "pruning orphaned runners of pool default/py (--prune)" in caplog.messages
     assert harness.sim.audit.by_non_holders() == []
+
+
+async def test_stopping_ends_the_passes_before_it_gives_the_leases_back(
+    harness: Harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass still running when the leases are given back would publish the status of
+    pools this process no longer holds: the passes end first."""
+    _, controller = await a_settled_holder(harness, tmp_path, monkeypatch)
+    engine = controller.engine
+    published: list[bool] = []  # for each status published while stopping: whether held
+    original = Publisher.publish
+
+    async def recording(self: Publisher, managed: Any, *args: Any, **kwargs: Any) -> None:
+        published.append(engine.writes(managed.key))
+        await original(self, managed, *args, **kwargs)
+
+    monkeypatch.setattr(Publisher, "publish", recording)
+    harness.sim.api_fault("slow", 30, slow_ms=500)  # the pass is still observing below
+    engine.hint_namespace("default")
+    await asyncio.sleep(0.2)
+    await harness.stop(controller)
+    assert published and all(published), published
+    assert not harness.sim.variables()[lease_path(KEY)].get("Lock")  # given back

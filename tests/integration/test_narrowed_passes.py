@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from controller.core.claims import CLAIMS_PREFIX
+from controller.core.paths import CLAIMS_PREFIX
 from controller.core.runner_ids import META_POOL
 from controller.engine import reconcile
 from controller.standalone import Controller

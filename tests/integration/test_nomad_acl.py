@@ -14,6 +14,7 @@ import pytest
 
 from controller.api_tier import ApiTier
 from controller.claims.service import ClaimRequest
+from controller.core.environments import Environment
 from controller.engine import observe
 from controller.lab.simulator import SimServer, Simulator, start_sim
 from controller.metrics import Metrics
@@ -21,7 +22,6 @@ from controller.nomad.config import NomadConfig
 from controller.nomad.errors import NomadError
 from controller.poseidon.context import EnvironmentMode, PoseidonSettings
 from controller.serving import ServingSettings
-from controller.sources.environments import Environment
 from controller.standalone import Controller, Settings
 from tests.support.documents import pool_doc
 from tests.support.waiting import wait_until
@@ -203,6 +203,12 @@ async def test_the_api_tier_works_with_a_token_of_exactly_its_policy(
                 assert r.status == 200
             async with http.put("/api/v1/execution-environments/11", json=ENVIRONMENT) as r:
                 assert r.status == 201, await r.text()
+            # The replica reads who runs the managed environments from the member records.
+            assert await tier.serving.refresh_environments()
+            runner_request = {"executionEnvironmentId": 11, "inactivityTimeout": 60}
+            async with http.post("/api/v1/runners", json=runner_request) as r:
+                body = await r.json()
+                assert r.status == 200 or body["errorCode"] == "NOMAD_OVERLOAD", body
             async with http.delete(f"/v1/runners/{runner}") as r:
                 assert r.status == 204
 

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from controller.api_tier import ApiTier
-from controller.core.catalog import RECONCILER_RECORDS
+from controller.core.paths import RECONCILER_RECORDS
 from controller.core.runner_ids import META_POOL
 from controller.lab.simulator import SimServer
 from controller.poseidon.context import EnvironmentMode, PoseidonSettings

@@ -19,12 +19,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from controller.core.leases import (
-    DEFAULT_TTL_SECONDS,
-    LOCK_DELAY_SECONDS,
-    lease_path,
-    takeover_seconds,
-)
+from controller.core.leases import DEFAULT_TTL_SECONDS, LOCK_DELAY_SECONDS, takeover_seconds
+from controller.core.paths import lease_path
 from controller.core.runner_ids import META_POOL
 from controller.lab.simulator import SimServer, Simulator, start_sim
 from tests.support.documents import pool_doc

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.core.leases import LEASES_PREFIX, LOCK_DELAY_SECONDS, takeover_seconds
+from controller.core.leases import LOCK_DELAY_SECONDS, takeover_seconds
+from controller.core.paths import LEASES_PREFIX
 from controller.lab.simulator import SimServer, Simulator
 from tests.support.documents import pool_doc
 from tests.support.waiting import wait_until

@@ -1,13 +1,12 @@
 """Fixtures: the session's real kube-apiserver (``kube``, tests/conftest.py), the Nomad
 simulator and in-process operator replicas running the real kopf machinery against them.
 
-The CRDs (the RunnerPool's and kopf's peering resources, as the chart ships them) are
-installed once per session. Each test gets its own namespace holding what the chart renders
-for it (``helm template``): the ServiceAccount, its Role and RoleBinding (or ClusterRole and
-ClusterRoleBinding) and, with PEERING_ON, the peering object. Every replica runs as that
-ServiceAccount, with a token from the TokenRequest API: the real authorizer checks each of
-its requests against the chart's rules, and a test fails when the server refused the
-operator anything (the server's audit log says which).
+The RunnerPool CRD (as the chart ships it) is installed once per session. Each test gets
+its own namespace holding what the chart renders for it (``helm template``): the
+ServiceAccount, its Role and RoleBinding (or ClusterRole and ClusterRoleBinding). Every
+replica runs as that ServiceAccount, with a token from the TokenRequest API: the real
+authorizer checks each of its requests against the chart's rules, and a test fails when
+the server refused the operator anything (the server's audit log says which).
 """
 
 from __future__ import annotations
@@ -46,33 +45,17 @@ JSON = dict[str, Any]
 ROOT: Final = Path(__file__).resolve().parents[2]
 CRD_FILE: Final = ROOT / "crds" / "runnerpools.poolkeeper.dev.yaml"
 CHART: Final = ROOT / "charts" / "poolkeeper"
-PEERING_CRDS: Final = CHART / "crds" / "kopf-peerings.yaml"
-CRD_NAMES: Final = (
-    "runnerpools.poolkeeper.dev",
-    "kopfpeerings.kopf.dev",
-    "clusterkopfpeerings.kopf.dev",
-)
+CRD_NAME: Final = "runnerpools.poolkeeper.dev"
 RELEASE: Final = "poolkeeper"
-PEERING: Final = "poolkeeper"  # the chart's peering.name
-PEERING_ON: Final = ("--set", "peering.enabled=true")  # the chart's kopf peering (off by default)
 NOMAD_NAMESPACE: Final = "default"  # the pools' Nomad namespace (their spec's default)
 GROUP, VERSION, PLURAL = "poolkeeper.dev", "v1alpha1", "runnerpools"
-# What the operator needs of the chart: its identity, its permissions, its peering object.
+# What the operator needs of the chart: its identity and its permissions.
 CHART_KINDS: Final = frozenset(
-    {
-        "ServiceAccount",
-        "Role",
-        "RoleBinding",
-        "ClusterRole",
-        "ClusterRoleBinding",
-        "KopfPeering",
-        "ClusterKopfPeering",
-    }
+    {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
 )
 CLUSTER_SCOPED: Final = {
     "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
     "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-    "ClusterKopfPeering": "/apis/kopf.dev/v1/clusterkopfpeerings",
 }
 
 
@@ -134,8 +117,8 @@ def rule_grants(manifests: Iterable[JSON]) -> set[tuple[str, str, str]]:
 
 @pytest.fixture(scope="session")
 def crds(kube: KubeCluster) -> KubeCluster:
-    """The cluster, with the RunnerPool CRD and kopf's peering CRDs installed and served."""
-    assert kube.install_crds(CRD_FILE, PEERING_CRDS) == list(CRD_NAMES)
+    """The cluster, with the RunnerPool CRD installed and served."""
+    assert kube.install_crds(CRD_FILE) == [CRD_NAME]
     return kube
 
 
@@ -152,10 +135,6 @@ class Replica:
     errors: list[BaseException]
     liveness: str = ""
     nomad_relay: Relay | None = None  # its way to Nomad, if it has one: cut when it crashes
-
-    @property
-    def active(self) -> bool:
-        return self.controller.active
 
     async def stop(self, *, crashed: bool = False) -> None:
         """Stop it; a replica that ``crashed`` may have failed on its way out."""
@@ -205,7 +184,7 @@ class Cluster:
         self, *values: str, edit: Callable[[list[JSON]], list[JSON]] | None = None
     ) -> list[JSON]:
         """Apply what the chart renders for this namespace and ``values`` (its
-        ServiceAccount, RBAC and peering objects, through ``edit`` if given) and wait until
+        ServiceAccount and RBAC, through ``edit`` if given) and wait until
         the server authorizes exactly the rendered rules."""
         rendered = render_chart(self.namespace, *values)
         manifests = [m for m in rendered if m["kind"] in CHART_KINDS]
@@ -291,7 +270,6 @@ class Cluster:
         self,
         *cli: str,
         name: str = "a",
-        lifetime: int = 3,
         resync_seconds: float = 0.5,
         identity: str = "",
         nomad_relay: bool = False,
@@ -308,7 +286,6 @@ class Cluster:
         args.resync_seconds = resync_seconds
         options: OperatorOptions = dataclasses.replace(
             options_from_args(args),
-            peering_lifetime=lifetime,
             finalize_retry_seconds=0.3,
             api_error_backoffs=(0.1, 0.2, 0.3),
         )
@@ -364,7 +341,7 @@ class Cluster:
         return replica
 
     async def start_chart_replica(
-        self, name: str, tmp_path: Path, lifetime: int, *values: str, nomad_relay: bool = False
+        self, name: str, tmp_path: Path, *values: str, nomad_relay: bool = False
     ) -> Replica:
         """A replica with the chart's command line (for these chart values, whose RBAC is
         installed first) and an identity of its own, as pods have; only what binds a port
@@ -387,7 +364,6 @@ class Cluster:
         replica = await self.start_operator(
             *args,
             name=name,
-            lifetime=lifetime,
             identity=f"{RELEASE}-{name}",
             nomad_relay=nomad_relay,
         )
@@ -397,7 +373,7 @@ class Cluster:
     async def crash(self, replica: Replica) -> None:
         """The replica is gone without a word, as when its process is killed: its
         connections to the API server (and to Nomad, if it has a relay there) are reset, so
-        it cannot remove its peering record (nor give its leases back), then it stops.
+        it can neither give its leases back nor delete its member record, then it stops.
 
         Revoking its token would not do: kube-apiserver caches a token's authentication
         for 10 s, so a revoked token keeps working that long."""

@@ -1,13 +1,13 @@
-"""The CRDs the operator needs, as a real kube-apiserver takes them: its own checks of a CRD
-(a structural schema, the defaults against the CEL rules, the rules' names and estimated
-cost) and the immutability rules at work."""
+"""The RunnerPool CRD and the chart's copy, as a real kube-apiserver takes them: its own
+checks of a CRD (a structural schema, the defaults against the CEL rules, the rules' names
+and estimated cost) and the immutability rules at work."""
 
 from __future__ import annotations
 
 import pytest
 
 from controller.lab.kube import KubeCluster
-from tests.operator.conftest import CHART, CRD_FILE, PEERING_CRDS, Cluster
+from tests.operator.conftest import CHART, CRD_FILE, Cluster
 from tests.support.documents import pool_doc
 
 pytestmark = pytest.mark.slow
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize(
     "path",
-    [CRD_FILE, CHART / "crds" / CRD_FILE.name, PEERING_CRDS],
+    [CRD_FILE, CHART / "crds" / CRD_FILE.name],
     ids=lambda path: str(path.relative_to(CHART.parents[1])),
 )
 def test_the_server_accepts_the_crd(kube: KubeCluster, path: object) -> None:

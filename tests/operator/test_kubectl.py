@@ -12,7 +12,7 @@ import asyncio
 import pytest
 
 from controller.lab import kube as kube_cluster
-from tests.operator.conftest import CRD_FILE, CRD_NAMES, GROUP, PLURAL, ROOT, VERSION, Cluster
+from tests.operator.conftest import CRD_FILE, CRD_NAME, GROUP, PLURAL, ROOT, VERSION, Cluster
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -32,7 +32,7 @@ async def test_kubectl_applies_the_crd_and_the_example_pools(cluster: Cluster) -
     assert code == 0 and out.count(f'"gitVersion": "{kube_cluster.release()}"') == 2, out
 
     code, out = await kubectl(cluster, "apply", "-f", str(CRD_FILE))
-    assert code == 0 and f"customresourcedefinition.apiextensions.k8s.io/{CRD_NAMES[0]}" in out
+    assert code == 0 and f"customresourcedefinition.apiextensions.k8s.io/{CRD_NAME}" in out
     await cluster.start_operator("--namespace", cluster.namespace)
     ns = ("-n", cluster.namespace)
     code, out = await kubectl(cluster, "apply", *ns, "-f", str(EXAMPLES))

@@ -1,6 +1,6 @@
 """An operator and a standalone controller pointed at one Nomad never fight: leases order
-writers across clusters and processes, where kopf's peering orders only a cluster's own
-replicas."""
+writers across clusters and processes (kopf peering, which the operator no longer runs,
+ordered only a cluster's own replicas)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controller.core.leases import lease_path
+from controller.core.paths import lease_path
 from controller.nomad.config import NomadConfig
 from controller.standalone import Controller, Settings
 from tests.operator.conftest import NOMAD_NAMESPACE, Cluster

@@ -10,13 +10,13 @@ from typing import Final
 
 import pytest
 
-from tests.operator.conftest import CRD_FILE, CRD_NAMES, VERSION, Cluster, Replica
+from tests.operator.conftest import CRD_FILE, CRD_NAME, VERSION, Cluster, Replica
 from tests.support.documents import pool_doc
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
-CRD_PATH: Final = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAMES[0]}"
+CRD_PATH: Final = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}"
 RULES: Final = "x-kubernetes-validations"
 
 

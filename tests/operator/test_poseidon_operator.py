@@ -35,8 +35,7 @@ async def test_labelled_resources_and_managed_environments(
 ) -> None:
     values = ("--set", "poseidon.enabled=true", "--set", "poseidon.environments=managed")
     assert "--poseidon-api" in chart_operator_args(*values)
-    replica = await cluster.start_chart_replica("a", tmp_path, 3, *values)
-    await wait_until(lambda: replica.active, what="the replica to lead")
+    replica = await cluster.start_chart_replica("a", tmp_path, *values)
     base = replica.controller.url
     document = pool_doc("python", idle=1, runner={"image": "python:3.12", "cpu": 20})
     document["metadata"]["labels"] = {LABEL: "10"}

@@ -18,8 +18,6 @@ import pytest
 from tests.operator.conftest import (
     GROUP,
     JSON,
-    PEERING,
-    PEERING_ON,
     PLURAL,
     Cluster,
     chart_operator_args,
@@ -69,7 +67,7 @@ async def test_the_server_grants_the_chart_account_nothing_more(cluster: Cluster
 async def test_a_whole_pool_lifecycle_stays_within_the_chart_rules(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    await cluster.start_chart_replica("a", tmp_path, lifetime=3)
+    await cluster.start_chart_replica("a", tmp_path)
     await cluster.create_pool(pool_doc("rbac", idle=1, nomad={"jobTemplate": {"ID": "x"}}))
     await wait_until(lambda: bool(cluster.events("InvalidSpec")), what="an Event")
     await cluster.patch_pool("rbac", {"spec": {"nomad": {"jobTemplate": None}}})
@@ -82,8 +80,8 @@ async def test_a_whole_pool_lifecycle_stays_within_the_chart_rules(
         if r.get("objectRef")
     }
     # What an operator replica needs: watch pools, patch finalizers and status, post
-    # Events; without kopf peering (the chart's default) nothing of kopf.dev. Written as
-    # RBAC rules are: (API group, resource) and its verbs.
+    # Events; nothing of kopf.dev (no kopf peering). Written as RBAC rules are: (API
+    # group, resource) and its verbs.
     needs = {
         (GROUP, PLURAL): ("list", "watch", "patch"),
         (GROUP, f"{PLURAL}/status"): ("patch",),
@@ -104,10 +102,8 @@ def _resource(ref: dict[str, str]) -> str:
 async def test_all_namespaces_with_the_charts_cluster_wide_rules(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    values = (*ALL_NAMESPACES, *PEERING_ON)  # with the ClusterKopfPeering and its rules
-    assert "--all-namespaces" in chart_operator_args(*values)
-    replica = await cluster.start_chart_replica("a", tmp_path, 3, *values)
-    await wait_until(lambda: replica.active, what="the replica to lead")
+    assert "--all-namespaces" in chart_operator_args(*ALL_NAMESPACES)
+    await cluster.start_chart_replica("a", tmp_path, *ALL_NAMESPACES)
     elsewhere = cluster.create_namespace()
     # Pools of other tests' namespaces are gone, but the names are this test's own anyway:
     # a pool of another namespace with the same job prefix would be a conflict.
@@ -120,10 +116,6 @@ async def test_all_namespaces_with_the_charts_cluster_wide_rules(
         what="runners for pools in two namespaces",
     )
     await cluster.until_condition("wide", "Ready", status="True")
-    status, peering = cluster.kube.request(
-        "GET", f"/apis/kopf.dev/v1/clusterkopfpeerings/{PEERING}"
-    )
-    assert status == 200 and peering.get("status"), peering  # the replica's keep-alive
     made = cluster.requests()
     assert any(
         r["verb"] == "watch"
@@ -166,8 +158,7 @@ async def test_a_rule_the_chart_forgot_breaks_a_behaviour_with_the_servers_403(
 
     cluster.install_chart(*missing.values, edit=forget)
     assert not cluster.allowed(missing.group, missing.resource, missing.verb)
-    replica = await cluster.start_chart_replica("a", tmp_path, 3, *missing.values)
-    await wait_until(lambda: replica.active, what="the replica to lead")
+    await cluster.start_chart_replica("a", tmp_path, *missing.values)
     # An invalid pool: the operator writes its status and posts an InvalidSpec Event.
     await cluster.create_pool(pool_doc("broken", idle=1, nomad={"jobTemplate": {"ID": "x"}}))
     key = f"{cluster.namespace}/broken"

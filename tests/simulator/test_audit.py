@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from controller.core.leases import lease_path
+from controller.core.paths import lease_path
 from controller.lab.simulator.audit import WriteAudit
 
 RUNNER = {"Meta": {"poolkeeper_pool": "default/py"}}

@@ -213,3 +213,21 @@ async def test_lock_writes_are_events(lock_client: Client) -> None:
     assert events[0]["Payload"]["Variable"]["Lock"] == var["Lock"]
     assert "Lock" not in events[1]["Payload"]["Variable"]
     assert all("Items" not in e["Payload"]["Variable"] for e in events)
+
+
+async def test_a_renewal_fault_fails_only_the_renewals(
+    lock_client: Client, lock_sim: Simulator
+) -> None:
+    c = lock_client
+    lock = (await _acquire(c))["Lock"]
+    lock_sim.api_fault("renew_error", seconds=60)
+    status, text, _ = await c.put(LEASE, {"Lock": {"ID": lock["ID"]}}, **RENEW)
+    assert (status, text) == (500, "rpc error: timed out enqueuing operation")
+    # Everything else is answered as usual: reads, plain writes, the release.
+    assert (await c.get(LEASE))[0] == 200
+    assert (await c.put("/v1/var/other", {"Items": {"a": "b"}}))[0] == 200
+    status, var, _ = await c.put(LEASE, {"Lock": {"ID": lock["ID"]}}, **RELEASE)
+    assert status == 200 and "Lock" not in var
+    lock_sim.api_fault("none", seconds=0)
+    lock = (await _acquire(c))["Lock"]
+    assert (await c.put(LEASE, {"Lock": {"ID": lock["ID"]}}, **RENEW))[0] == 200

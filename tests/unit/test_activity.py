@@ -4,20 +4,23 @@ expires the claim of a runner an execution of this process runs on."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
-from controller.claims.store import ClaimStore
-from controller.core.claims import ClaimRecord, ClaimState
+from controller.core.claims import GONE_REASONS, ClaimRecord, ClaimState
 from controller.core.plan import Destroy, DestroyReason, Plan
 from controller.core.views import PoolPolicy
 from controller.engine.apply import Applier
 from controller.engine.registry import ManagedPool
-from controller.executions.activity import Activity, Target
+from controller.errors import ErrorCode, ServiceError
+from controller.executions.activity import OOM_KILLED, Activity, Target
 from controller.metrics import Metrics
+from controller.nomad.jobs import TASK_NAME
+from controller.records.claims import ClaimStore
 from tests.unit.test_engine_property import POOL, PREFIX, Nomad
 
 RUNNER = PREFIX + "0123456789ab"
@@ -93,3 +96,34 @@ async def test_touches_within_a_second_share_one_write(monkeypatch: pytest.Monke
     claims.gate.set()
     await asyncio.gather(*touches)
     assert claims.renewals == 2
+
+
+class Gone(Claims):
+    """A claim service whose read finds the engine's `lost` tombstone (it landed first)."""
+
+    async def live(self, runner_id: str) -> ClaimRecord:
+        raise ServiceError(
+            ErrorCode.RUNNER_GONE, "runner lost", reason=GONE_REASONS[ClaimState.LOST]
+        )
+
+
+class OomKilledNomad:
+    """The claimed allocation as Nomad holds it after an OOM kill: restarted, running."""
+
+    async def read_allocation(self, allocation_id: str, namespace: str) -> dict[str, Any]:
+        terminated = {"Type": "Terminated", "Details": {"oom_killed": "true"}}
+        return {
+            "ID": allocation_id,
+            "JobID": RUNNER,
+            "ClientStatus": "running",
+            "DesiredStatus": "run",
+            "TaskStates": {TASK_NAME: {"Restarts": 1, "Events": [terminated]}},
+        }
+
+
+async def test_a_lost_tombstone_that_landed_first_still_says_oom_killed() -> None:
+    """The engine may write the runner's `lost` tombstone before an execution ended by the
+    OOM kill looks at the claim: the allocation still says why."""
+    record = dataclasses.replace(await written_claim(Nomad()), allocation_restarts=0)
+    activity = Activity(Gone(), Engine(), nomad=OomKilledNomad())  # type: ignore[arg-type]
+    assert await activity._loss(record) == OOM_KILLED

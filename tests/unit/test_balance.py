@@ -65,3 +65,15 @@ def test_balanced_and_complete_whoever_holds_what(
     assert sorted(assigned) == sorted(pools)  # every pool once, to one member
     assert max(len(p) for p in assignment.values()) <= share(members)
     assert share(members) == -(-len(pools) // count)
+
+
+def test_a_pool_whose_lease_a_member_could_not_keep_goes_to_another() -> None:
+    pool = "default/py"
+    both = frozenset({pool})
+    members = {"host-a/1": both, "host-b/2": both}
+    preferred = next(m for m, pools in assign(members, {}).items() if pool in pools)
+    other = next(m for m in members if m != preferred)
+    moved = assign(members, {}, {preferred: both})
+    assert moved[other] == both and moved[preferred] == frozenset()
+    # Alone, it keeps trying: nobody else could take the pool.
+    assert assign({preferred: both}, {}, {preferred: both}) == {preferred: both}

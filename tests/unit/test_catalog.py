@@ -18,12 +18,11 @@ from controller.core.catalog import (
     CatalogRecord,
     WaitingRecord,
     WaitingTally,
-    catalog_path,
-    replica_segment,
     without_job_template,
 )
 from controller.core.demand import StartSample
 from controller.core.offers import Offer, Offered
+from controller.core.paths import catalog_path, replica_segment
 
 NOW = datetime(2026, 12, 5, 9, 0, tzinfo=UTC)
 
@@ -225,3 +224,12 @@ def test_the_tally_counts_live_arrivals_and_each_abandoned_request_once() -> Non
 def test_a_replica_identity_becomes_a_path_segment() -> None:
     assert replica_segment("pod-7f9/12") == "pod-7f9-12"
     assert replica_segment("") == "replica"
+
+
+def test_an_offer_without_some_runners_keeps_the_order_of_the_rest() -> None:
+    offer = Offer(offered(3, "py-", start=False), offered(2, "py-", start=False, first=3))
+    ids = [o.runner_id for o in (*offer.current, *offer.rest)]
+    left = offer.without(frozenset({ids[1], ids[3]}))
+    assert [o.runner_id for o in left.current] == [ids[0], ids[2]]
+    assert [o.runner_id for o in left.rest] == [ids[4]]
+    assert offer.without(frozenset({"other-000000000000"})) is offer

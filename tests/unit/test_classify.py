@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from controller.core.claims import ClaimRecord, ClaimState, MalformedClaim, claim_path
+from controller.core.claims import ClaimRecord, ClaimState, MalformedClaim
 from controller.core.classify import classify, counting_allocation
+from controller.core.paths import claim_path
 from controller.core.split import split_observation
 from controller.core.times import format_time, parse_time
 from controller.core.views import (

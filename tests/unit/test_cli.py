@@ -2,6 +2,7 @@ import argparse
 import re
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,11 @@ def test_the_reference_documents_every_flag(command):
 def test_run_needs_pools_unless_it_serves_as_the_api_tier(capsys):
     assert main(["run", "--insecure-no-auth"]) == 2
     assert "--pools PATH is required" in capsys.readouterr().err
+
+
+def test_version_prints_the_installed_release(capsys):
+    """`poolkeeper --version`: what an image's user asks first (the chart's pods run it)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"poolkeeper {version('poolkeeper')}\n"

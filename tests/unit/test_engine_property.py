@@ -32,7 +32,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.claims.store import ClaimStore
 from controller.core import views
 from controller.core.claims import ClaimRecord, ClaimState
 from controller.core.classify import classify
@@ -43,6 +42,7 @@ from controller.engine.apply import Applier
 from controller.engine.registry import ManagedPool
 from controller.metrics import Metrics
 from controller.nomad.errors import NomadConflict
+from controller.records.claims import ClaimStore
 from tests.support.builders import NOW
 
 T = TypeVar("T")

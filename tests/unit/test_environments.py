@@ -8,13 +8,9 @@ from typing import Any
 
 import pytest
 
+from controller.core.environments import Environment
 from controller.model import NetworkMode
-from controller.sources.environments import (
-    Environment,
-    EnvironmentInvalid,
-    EnvironmentTemplate,
-    environment_of,
-)
+from controller.sources.environments import EnvironmentInvalid, EnvironmentTemplate, environment_of
 
 PYTHON = Environment(
     id=10,

@@ -4,7 +4,11 @@
   croniter (a cron parser: pure computation, no I/O; docs/architecture.md says why);
 - the product never imports the lab (controller.lab: simulator, demo, bench, chaos);
   the CLI names the lab's commands by module path and loads them only when one runs;
-- only controller/operator imports kopf;
+- only controller/operator imports kopf, and only its public API (no `kopf._*` module or
+  attribute: kopf's internals change without notice, docs/operator.md says why);
+- the CRD writer (controller/crd.py, `make crds`) writes the CRD from the model alone: of
+  the controller it imports controller.model only, and no module of the product imports
+  it (a build step, beside the model it describes, not a part of any front door);
 - the engine and the claim protocol know nothing of the front doors (api, poseidon,
   operator, sources, service, standalone);
 - the claim path (claims, executions, the pool directory, the API and the Poseidon API,
@@ -13,7 +17,10 @@
 - the Poseidon API (controller/poseidon) is thin over the engine, the claims and the pool
   sources: it reaches Nomad only through them (of controller.nomad it may name only the
   errors), and of the other front doors it uses only the API tokens (controller.api.auth);
-  the poolkeeper API does not import it.
+  the poolkeeper API does not import it;
+- what processes share through Nomad is read and written in controller/records only: no
+  other module calls the Variables or Locks port (the Nomad client implements it, and the
+  simulator is Nomad), and records/ builds on core, the Nomad port and its errors alone.
 """
 
 from __future__ import annotations
@@ -71,10 +78,61 @@ def within(name: str, *packages: str) -> bool:
     return any(name == p or name.startswith(p + ".") for p in packages)
 
 
+# The Variables and Locks port (controller/nomad/port.py): called only from these.
+RECORD_CALLS = frozenset(
+    {
+        "list_variables",
+        "read_variable",
+        "put_variable",
+        "delete_variable",
+        "wait_variables",
+        "wait_variable",
+        "acquire_lock",
+        "renew_lock",
+        "release_lock",
+        "write_locked",
+    }
+)
+RECORD_CALLERS = ("controller.records", "controller.nomad.client", "controller.lab.simulator")
+# What the shared records build on.
+RECORDS_USE = ("controller.core", "controller.nomad.port", "controller.nomad.errors")
+RECORDS_USE_MODULES = frozenset({"controller.tasks"})
+
+
+def record_calls(path: Path) -> list[str]:
+    """The Variables and Locks port methods a module calls."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [
+        node.func.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in RECORD_CALLS
+    ]
+
+
+def records_violations(module: str, path: Path) -> list[str]:
+    found = [
+        f"{module} calls the Variables port outside controller.records: {call}"
+        for call in sorted(set(record_calls(path)))
+        if not within(module, *RECORD_CALLERS)
+    ]
+    if within(module, "controller.records"):
+        found += [
+            f"{module} (shared records) imports {imported}"
+            for imported in imports(path)
+            if within(imported, "controller")
+            and not within(imported, "controller.records", *RECORDS_USE)
+            and imported not in RECORDS_USE_MODULES
+        ]
+    return found
+
+
 def violations(package_root: Path) -> list[str]:
     found: list[str] = []
     for path in sorted(package_root.rglob("*.py")):
         module = module_name(path, package_root)
+        found += records_violations(module, path)
         for imported in imports(path):
             top = imported.split(".")[0]
             pure = (
@@ -88,6 +146,9 @@ def violations(package_root: Path) -> list[str]:
                 found.append(f"{module} (product) imports the lab: {imported}")
             if top == "kopf" and not within(module, "controller.operator"):
                 found.append(f"{module} imports kopf outside controller.operator")
+            if top == "kopf" and any(part.startswith("_") for part in imported.split(".")):
+                found.append(f"{module} imports kopf's internals: {imported}")
+            found += crd_writer_violations(module, imported)
             if within(module, "controller.engine", "controller.claims") and within(
                 imported, *FRONT_DOORS
             ):
@@ -95,7 +156,29 @@ def violations(package_root: Path) -> list[str]:
             if within(module, *CLAIM_PATH) and within(imported, "controller.engine"):
                 found.append(f"{module} (claim path) imports the engine: {imported}")
             found += poseidon_violations(module, imported)
+        found += [f"{module} uses kopf's internals: kopf.{name}" for name in kopf_internals(path)]
     return found
+
+
+def kopf_internals(path: Path) -> list[str]:
+    """The private names a module reaches through ``kopf.`` (``kopf._core``)."""
+    return [
+        node.attr
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "kopf"
+        and node.attr.startswith("_")
+    ]
+
+
+def crd_writer_violations(module: str, imported: str) -> list[str]:
+    writer = "controller.crd"
+    if within(module, writer) and within(imported, "controller") and imported != "controller.model":
+        return [f"{module} (the CRD writer) imports {imported}: the CRD is the model's alone"]
+    if within(imported, writer) and not within(module, writer):
+        return [f"{module} imports the CRD writer {imported}: it is a build step"]
+    return []
 
 
 # What the Poseidon API may use of the modules it must not reach into.
@@ -189,6 +272,16 @@ def test_the_closure_follows_imports(tmp_path: Path) -> None:
             "controller.api.bad imports kopf outside controller.operator",
         ),
         (
+            "operator/bad.py",
+            "from kopf._core.engines import daemons\n",
+            "controller.operator.bad imports kopf's internals: kopf._core.engines",
+        ),
+        (
+            "operator/bad.py",
+            "import kopf\nhook = kopf._core\n",
+            "controller.operator.bad uses kopf's internals: kopf._core",
+        ),
+        (
             "claims/bad.py",
             "from controller.api.app import create_app\n",
             "controller.claims.bad imports a front door: controller.api.app",
@@ -217,9 +310,31 @@ def test_the_closure_follows_imports(tmp_path: Path) -> None:
             "controller.poseidon.app",
         ),
         (
+            "crd.py",
+            "from controller.core.status import PoolStatus\n",
+            "controller.crd (the CRD writer) imports controller.core.status: the CRD is the "
+            "model's alone",
+        ),
+        (
+            "operator/bad.py",
+            "from controller.crd import render\n",
+            "controller.operator.bad imports the CRD writer controller.crd: it is a build step",
+        ),
+        (
             "claims/bad.py",
             "from controller.engine.engine import Engine\n",
             "controller.claims.bad (claim path) imports the engine: controller.engine.engine",
+        ),
+        (
+            "engine/bad.py",
+            "async def f(port):\n    await port.put_variable('p', {}, 'default', cas=0)\n",
+            "controller.engine.bad calls the Variables port outside controller.records: "
+            "put_variable",
+        ),
+        (
+            "records/bad.py",
+            "from controller.engine.registry import PoolRegistry\n",
+            "controller.records.bad (shared records) imports controller.engine.registry",
         ),
     ],
 )

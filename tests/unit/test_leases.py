@@ -10,17 +10,20 @@ import pytest
 
 from controller.core.events import EventKind, PoolEvent
 from controller.core.leases import (
+    LOCK_DELAY_SECONDS,
     LeaseItems,
     LeaseStanding,
     LeaseState,
-    lease_path,
     takeover_seconds,
 )
+from controller.core.members import Membership
+from controller.core.paths import lease_path
 from controller.core.times import utcnow
 from controller.engine.leases import Leases
-from controller.engine.members import Members, Membership
-from controller.nomad.errors import NomadUnavailable
+from controller.nomad.errors import NomadConflict, NomadUnavailable
 from controller.nomad.port import LockTerms
+from controller.records.leases import LeaseRecords
+from controller.records.members import Members
 from tests.support.waiting import wait_until
 
 KEY = "default/py.312"
@@ -75,10 +78,24 @@ class FakeLocks:
         self._check("read", path)
         return {"Path": path, "Items": self.items[path]} if path in self.items else None
 
+    async def list_variables(self, prefix: str, namespace: str) -> list[dict[str, Any]]:
+        self._check("list", prefix)
+        return [{"Path": path} for path in self.items if path.startswith(prefix)]
+
+    async def delete_variable(self, path: str, namespace: str, *, cas: int | None = None) -> None:
+        self._check("delete", path)
+        if path in self.held:  # Nomad deletes no locked variable
+            raise NomadConflict(f"{path} is locked")
+        self.items.pop(path, None)
+
     async def wait_variable(
         self, path: str, namespace: str, index: int, wait_seconds: float
     ) -> tuple[dict[str, Any] | None, int]:
         return await self.read_variable(path, namespace), index
+
+
+def lease_records(port: FakeLocks, watcher: Any = None, ttl: float = TTL) -> LeaseRecords:
+    return LeaseRecords(port, watcher or port, LockTerms(ttl, LOCK_DELAY_SECONDS))
 
 
 class Clock:
@@ -94,7 +111,7 @@ def world() -> tuple[FakeLocks, Clock, list[PoolEvent], Leases]:
     port, clock = FakeLocks(), Clock()
     events: list[PoolEvent] = []
     leases = Leases(
-        port, "host/1", events.append, ttl_seconds=TTL, on_change=lambda ns: None, monotonic=clock
+        lease_records(port), "host/1", events.append, on_change=lambda ns: None, monotonic=clock
     )
     return port, clock, events, leases
 
@@ -264,9 +281,23 @@ async def test_stopping_gives_held_leases_back_and_drop_releases_one(world) -> N
     await leases.refresh([KEY, "default/other"])
     await leases.drop("default/other")
     assert lease_path("default/other") not in port.held
+    # The pool is gone from this process: its lease variable goes too.
+    assert lease_path("default/other") not in port.items
     await leases.stop(release=True)
     assert port.held == {}
     assert not leases.holds(KEY)
+    assert lease_path(KEY) in port.items  # stopping gives back; the pool lives on
+
+
+async def test_a_dropped_lease_another_process_holds_stays(world) -> None:
+    port, _, _, leases = world
+    path = lease_path(KEY)
+    port.held[path] = "theirs"
+    port.items[path] = LeaseItems.taken("other/2", "s", utcnow()).to_items()
+    leases.want(KEY, "default", "spec-a")
+    await leases.refresh([KEY])
+    await leases.drop(KEY)
+    assert port.items[path]["holder"] == "other/2"
 
 
 async def test_asking_whether_another_process_holds_a_lease_gives_a_free_one_back(world) -> None:
@@ -307,9 +338,7 @@ async def test_a_lease_held_elsewhere_is_watched_on_the_watch_session() -> None:
     port.held[lease_path(KEY)] = "theirs"
     port.items[lease_path(KEY)] = LeaseItems.taken("other/1", "s", utcnow()).to_items()
     watcher = Watcher(port)
-    leases = Leases(
-        port, "me/1", lambda _: None, ttl_seconds=TTL, on_change=lambda _: None, watcher=watcher
-    )
+    leases = Leases(lease_records(port, watcher), "me/1", lambda _: None, on_change=lambda _: None)
     leases.want(KEY, "default", "s")
     leases.start()
     try:
@@ -415,10 +444,12 @@ class StallingMembers(Members):
         self.pools = pools
         self.readings = 0
 
-    async def beat(self, pools: Collection[str], holds: Collection[str]) -> None:
+    async def beat(
+        self, pools: Collection[str], holds: Collection[str], lapsed: Collection[str] = ()
+    ) -> None:
         pass
 
-    async def live(self) -> Membership:
+    async def live(self, *, collect: bool = True) -> Membership:
         self.readings += 1
         if self.readings == 1:
             await asyncio.Event().wait()
@@ -431,8 +462,8 @@ async def test_the_balancer_outlives_a_reading_that_hangs_or_fails() -> None:
     pools = frozenset({KEY, "default/other"})
     members = StallingMembers(pools)
     leases = Leases(
-        FakeLocks(), "host/1", lambda event: None, ttl_seconds=0.3, on_change=lambda ns: None,
-        members=members,
+        lease_records(FakeLocks(), ttl=0.3), "host/1", lambda event: None,
+        on_change=lambda ns: None, members=members,
     )  # fmt: skip
     for key in pools:
         leases.want(key, "default", "spec-a")
@@ -455,10 +486,12 @@ class FixedMembers(Members):
         super().__init__(FakeLocks(), "default", "host/1", TTL, utcnow)  # type: ignore[arg-type]
         self.membership = Membership(defines, holders)
 
-    async def beat(self, pools: Collection[str], holds: Collection[str]) -> None:
+    async def beat(
+        self, pools: Collection[str], holds: Collection[str], lapsed: Collection[str] = ()
+    ) -> None:
         pass
 
-    async def live(self) -> Membership:
+    async def live(self, *, collect: bool = True) -> Membership:
         return Membership(dict(self.membership.defines), dict(self.membership.holders))
 
 
@@ -477,8 +510,8 @@ async def test_a_lease_nomad_would_not_take_back_is_renewed_and_given_back_later
     both = frozenset({KEY})
     members = FixedMembers({"host/1": both, "other/2": both}, {KEY: "host/1"})
     leases = Leases(
-        port, "host/1", lambda event: None, ttl_seconds=0.3, on_change=lambda ns: None,
-        members=members,
+        lease_records(port, ttl=0.3), "host/1", lambda event: None,
+        on_change=lambda ns: None, members=members,
     )  # fmt: skip
     leases.want(KEY, "default", "spec-a")
     leases.start()

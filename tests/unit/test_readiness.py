@@ -68,7 +68,7 @@ def test_a_claims_only_replica_is_ready_once_every_pool_was_read() -> None:
 
 
 def test_a_process_that_serves_nothing_is_not_ready_and_says_why() -> None:
-    readiness = Readiness.idle("passive replica: another operator replica is active")
+    readiness = Readiness.idle("cannot read the catalog of pools: connection refused")
     assert not readiness.ready
     body = readiness.to_dict()
-    assert body["serves"] == [] and body["reason"].startswith("passive replica")
+    assert body["serves"] == [] and body["reason"].startswith("cannot read the catalog")

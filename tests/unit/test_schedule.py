@@ -119,7 +119,19 @@ def test_cron_problems(expression: str, problem: str | None) -> None:
 
 @pytest.mark.parametrize(
     ("name", "valid"),
-    [("UTC", True), ("Europe/Berlin", True), ("Mars/Base", False), ("", False), ("../x", False)],
+    [
+        ("UTC", True),
+        ("Europe/Berlin", True),
+        ("Mars/Base", False),
+        ("", False),
+        ("../x", False),
+        # zoneinfo opens a file of that name: a directory of the database, or a name too
+        # long for the file system, is refused too, not an error of its own.
+        ("America", False),
+        ("Etc", False),
+        ("a" * 256, False),
+        ("Europe/" + "b" * 249, False),
+    ],
 )
 def test_time_zone_problems(name: str, valid: bool) -> None:
     assert (time_zone_problem(name) is None) is valid

@@ -1,7 +1,8 @@
-// Command kube is etcd, kube-apiserver and kubectl in one binary, for poolkeeper's tests.
+// Command kube is etcd, kube-apiserver and kubectl in one binary, for poolkeeper's tests,
+// and the node's components: kubelet, kube-scheduler, kube-controller-manager, kube-proxy.
 //
-// It picks the program by the name it was started as (symlinks named etcd, kube-apiserver
-// and kubectl) or, when started as kube, by its first argument:
+// It picks the program by the name it was started as (symlinks named etcd, kube-apiserver,
+// kubectl, kubelet, ...) or, when started as kube, by its first argument:
 //
 //	kube etcd --data-dir ...
 //	kube apiserver --etcd-servers ...   (or kube-apiserver)
@@ -25,6 +26,12 @@ var programs = map[string]func(){
 	"apiserver":      runAPIServer,
 	"kubectl":        runKubectl,
 	"version":        runVersion,
+
+	"kubelet":                 runKubelet,
+	"kube-scheduler":          runScheduler,
+	"kube-controller-manager": runControllerManager,
+	"kube-proxy":              runProxy,
+	"cri-reset":               runCRIReset,
 }
 
 func main() {

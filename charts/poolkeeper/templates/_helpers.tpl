@@ -108,9 +108,9 @@ app.kubernetes.io/component: api
 {{/*
 The operator's permissions, shared by the Role (namespaced) and the ClusterRole.
 kopf adds and removes its finalizer and annotations by patching the RunnerPool itself
-(no runnerpools/finalizers grant), writes status through the status subresource, posts
-core/v1 Events and, with peering.enabled, keeps its peering object's status current.
-Scanning of CRDs and namespaces is disabled in the operator, so neither is read.
+(no runnerpools/finalizers grant), writes status through the status subresource and
+posts core/v1 Events; it runs without kopf peering, so nothing of kopf.dev. Scanning of
+CRDs and namespaces is disabled in the operator, so neither is read.
 */}}
 {{- define "poolkeeper.rbacRules" -}}
 - apiGroups: ["poolkeeper.dev"]
@@ -122,11 +122,6 @@ Scanning of CRDs and namespaces is disabled in the operator, so neither is read.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-{{- if .Values.peering.enabled }}
-- apiGroups: ["kopf.dev"]
-  resources: [{{ if .Values.watch.allNamespaces }}"clusterkopfpeerings"{{ else }}"kopfpeerings"{{ end }}]
-  verbs: ["get", "list", "watch", "patch"]
-{{- end }}
 {{- end }}
 
 {{/*

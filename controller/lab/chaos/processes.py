@@ -250,7 +250,7 @@ class ApiReplica(ControllerProcess):
 
 class OperatorProcess(ControllerProcess):
     """`python -m controller operator` watching the RunnerPools of the soak's namespace in a
-    kube-apiserver, as a chart's replica does (no kopf peering). Each incarnation has an
+    kube-apiserver, as a chart's replica does. Each incarnation has an
     identity of its own (POD_NAME), as a pod its Deployment replaces does."""
 
     name = "operator"

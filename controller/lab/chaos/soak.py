@@ -14,7 +14,6 @@ from typing import Any
 
 import aiohttp
 
-from controller.directory.waiting import FORGET_AFTER
 from controller.lab.chaos.clients import Api, Clients, ControllerApi, Habits
 from controller.lab.chaos.faults import Faults
 from controller.lab.chaos.monitor import Monitor
@@ -40,6 +39,7 @@ from controller.lab.chaos.world import (
 )
 from controller.lab.kube import KubeCluster
 from controller.lab.simulator import SimServer, Simulator, start_sim
+from controller.records.waiting import FORGET_AFTER
 
 # A reconciler deletes a waiting record FORGET_AFTER after it expired, on its next read of
 # the records (a resync or the doorbell): one still there after this is a leak.

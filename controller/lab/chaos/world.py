@@ -7,14 +7,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from controller.core.catalog import (
-    CATALOG_PREFIX,
-    DOORBELL_PATH,
-    WAITING_PREFIX,
-    CatalogError,
-    WaitingRecord,
-)
-from controller.core.leases import lease_path
+from controller.core.catalog import CatalogError, WaitingRecord
+from controller.core.paths import CATALOG_PREFIX, DOORBELL_PATH, WAITING_PREFIX, lease_path
 from controller.lab.simulator import Simulator
 
 NAMESPACE = "default"

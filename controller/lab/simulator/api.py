@@ -55,8 +55,14 @@ SIM_FAULTS = (
 )
 
 
+API_FAULT_KINDS = ("no_leader", "refuse", "slow", "renew_error", "none")
+# What a Nomad server answers when raft cannot take a write in time.
+RENEW_ERROR = "rpc error: timed out enqueuing operation"
+
+
 class ApiFaults:
-    """The API fault in force: until it expires, every /v1 call fails or is slowed."""
+    """The API fault in force: until it expires, every /v1 call fails or is slowed (or,
+    with `renew_error`, only lock renewals fail)."""
 
     def __init__(self) -> None:
         self.kind = ""
@@ -64,8 +70,9 @@ class ApiFaults:
         self.slow_ms = 0.0
 
     def inject(self, kind: str, seconds: float, slow_ms: float = 1000.0) -> None:
-        if kind not in ("no_leader", "refuse", "slow", "none"):
-            raise bad_request(f"unknown api fault {kind!r} (no_leader, refuse, slow, none)")
+        if kind not in API_FAULT_KINDS:
+            kinds = ", ".join(API_FAULT_KINDS)
+            raise bad_request(f"unknown api fault {kind!r} ({kinds})")
         self.kind = "" if kind == "none" else kind
         self.until = time.monotonic() + seconds
         self.slow_ms = slow_ms
@@ -115,6 +122,8 @@ class Api:
                 await asyncio.sleep(self.sim.api_faults.slow_ms / 1000)
             if fault == "no_leader":
                 return text(500, "No cluster leader")
+            if fault == "renew_error" and "lock-renew" in request.query:
+                return text(500, RENEW_ERROR)
             for pattern, methods in self.routes:
                 m = pattern.match(path)
                 if m is None:

@@ -13,7 +13,7 @@ import re
 import time
 from dataclasses import dataclass
 
-from controller.core.leases import lease_path
+from controller.core.paths import lease_path
 from controller.core.runner_ids import META_POOL
 from controller.lab.simulator.util import JSON
 

@@ -18,36 +18,29 @@ Nomad failures other than a lost check-and-set propagate as NomadError.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from controller.core.claims import (
-    CLAIMS_PREFIX,
-    REQUESTS_PREFIX,
-    ClaimRecord,
-    MalformedClaim,
-    RequestRecord,
-    request_path,
-)
+from controller.core.claims import ClaimRecord, MalformedClaim, RequestRecord
+from controller.core.paths import CLAIMS_PREFIX, REQUESTS_PREFIX, claim_path, request_path
 from controller.core.requests import abandoned_requests
-from controller.nomad.errors import NomadConflict
 from controller.nomad.port import Variables, VariableWatch
+from controller.records.reading import Known, listed, read_changed
+from controller.records.writing import create, delete_unchanged, index_of, write_over
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class _Cached:
-    modify_index: int
-    record: ClaimRecord | None  # None: the variable did not parse
-
-
-@dataclass
-class _NamespaceCache:
-    entries: dict[str, _Cached] = field(default_factory=dict)  # claim path -> last read
+def _decode(namespace: str, path: str, variable: Mapping[str, Any]) -> ClaimRecord | None:
+    """A claim variable's record; None (said once per version) when it does not parse."""
+    try:
+        return ClaimRecord.from_variable(variable)
+    except MalformedClaim as error:
+        log.warning("claim variable %s in namespace %s is malformed: %s", path, namespace, error)
+        return None
 
 
 class ClaimStore:
@@ -55,7 +48,8 @@ class ClaimStore:
         """`watcher` makes blocking reads (`watch`); a store without one reads again."""
         self._port = port
         self._watcher = watcher
-        self._caches: dict[str, _NamespaceCache] = {}
+        # Per namespace: claim path -> the claim as last read (None: it did not parse).
+        self._caches: dict[str, dict[str, Known[ClaimRecord | None]]] = {}
 
     # -- claims ------------------------------------------------------------------------
 
@@ -67,11 +61,10 @@ class ClaimStore:
     async def update(self, record: ClaimRecord, *, cas: int) -> ClaimRecord | None:
         """Check-and-set `record` over the version with ModifyIndex `cas`; the stored
         record, or None when another change won."""
-        try:
-            stored = await self._port.put_variable(
-                record.path, record.to_items(), record.namespace, cas=cas
-            )
-        except NomadConflict:
+        stored, _ = await write_over(
+            self._port, record.path, record.to_items(), record.namespace, cas=cas, attempts=1
+        )
+        if stored is None:
             return None
         written = ClaimRecord.from_variable(stored)
         self.remember(written)
@@ -80,9 +73,7 @@ class ClaimStore:
     async def delete(self, record: ClaimRecord) -> bool:
         """Delete a claim variable (check-and-set on its ModifyIndex); False when it changed
         meanwhile. A request record its claim carried goes with it."""
-        try:
-            await self._port.delete_variable(record.path, record.namespace, cas=record.modify_index)
-        except NomadConflict:
+        if not await self.withdraw(record):
             return False
         if record.request_id:
             await self._port.delete_variable(request_path(record.request_id), record.namespace)
@@ -93,16 +84,14 @@ class ClaimStore:
         index), so the untouched runner is idle again; False when it changed meanwhile.
         Unlike `delete`, the request record stays: it belongs to the request, not to this
         runner."""
-        try:
-            await self._port.delete_variable(record.path, record.namespace, cas=record.modify_index)
-        except NomadConflict:
-            return False
-        return True
+        return await delete_unchanged(
+            self._port, record.path, record.namespace, record.modify_index
+        )
 
     async def read(self, runner_id: str, namespace: str) -> ClaimRecord | None:
         """The runner's claim as Nomad holds it now, or None when there is none. Raises
         MalformedClaim for a variable that does not parse."""
-        variable = await self._port.read_variable(CLAIMS_PREFIX + runner_id, namespace)
+        variable = await self._port.read_variable(claim_path(runner_id), namespace)
         return None if variable is None else ClaimRecord.from_variable(variable)
 
     async def watch(self, record: ClaimRecord, within: float) -> ClaimRecord | None:
@@ -117,8 +106,8 @@ class ClaimStore:
 
     def remember(self, record: ClaimRecord) -> None:
         """A claim variable just written: the next listing need not read it back."""
-        cache = self._caches.setdefault(record.namespace, _NamespaceCache())
-        cache.entries[record.path] = _Cached(record.modify_index, record)
+        cache = self._caches.setdefault(record.namespace, {})
+        cache[record.path] = Known(record.modify_index, record)
 
     async def read_all(
         self,
@@ -132,43 +121,37 @@ class ClaimStore:
         is the variable list when the caller already has it; `within`: the path prefixes
         that list was narrowed to (what is cached of other paths stays)."""
         if metas is None:
-            metas = await self._port.list_variables(CLAIMS_PREFIX, namespace)
-        cache = self._caches.setdefault(namespace, _NamespaceCache())
-        present = {meta["Path"]: int(meta.get("ModifyIndex", 0)) for meta in metas}
-        listed = tuple(within) if within is not None else ("",)
-        for path in list(cache.entries):
-            if path not in present and path.startswith(listed):
-                del cache.entries[path]
-        stale = [
-            path
-            for path, index in present.items()
-            if (cached := cache.entries.get(path)) is None or cached.modify_index != index
-        ]
-        variables = await asyncio.gather(
-            *(self._port.read_variable(path, namespace) for path in stale)
+            metas = await self.list(namespace)
+        cache = self._caches.setdefault(namespace, {})
+        read = await read_changed(
+            self._port, namespace, listed(metas), cache, functools.partial(_decode, namespace)
         )
-        for path, variable in zip(stale, variables, strict=True):
-            if variable is None:  # deleted between the list and the read
-                present.pop(path, None)
-                continue
-            try:
-                record: ClaimRecord | None = ClaimRecord.from_variable(variable)
-            except MalformedClaim as error:
-                log.warning(
-                    "claim variable %s in namespace %s is malformed: %s", path, namespace, error
-                )
-                record = None
-            cache.entries[path] = _Cached(int(variable.get("ModifyIndex", 0)), record)
+        prefixes = tuple(within) if within is not None else ("",)
+        # What is cached of paths outside the list stays (a narrowed list did not see it).
+        self._caches[namespace] = read | {
+            path: hit for path, hit in cache.items() if not path.startswith(prefixes)
+        }
         claims: dict[str, ClaimRecord] = {}
         malformed: set[str] = set()
-        for path in present:
-            cached = cache.entries[path]
+        for path, hit in read.items():
             runner_id = path.removeprefix(CLAIMS_PREFIX)
-            if cached.record is None:
+            if hit.value is None:
                 malformed.add(runner_id)
             else:
-                claims[runner_id] = cached.record
+                claims[runner_id] = hit.value
         return claims, malformed
+
+    async def list(
+        self, namespace: str, prefixes: Sequence[str] | None = None
+    ) -> list[dict[str, Any]]:
+        """The metadata of the namespace's claim variables; with `prefixes` (runner ID
+        prefixes), only of those, each once (one prefix may begin another)."""
+        if prefixes is None:
+            return await self._port.list_variables(CLAIMS_PREFIX, namespace)
+        lists = await asyncio.gather(
+            *(self._port.list_variables(CLAIMS_PREFIX + p, namespace) for p in prefixes)
+        )
+        return list({meta["Path"]: meta for metas in lists for meta in metas}.values())
 
     def forget_namespaces(self) -> None:
         """Drop what was cached (a passive replica hands its pools to another process)."""
@@ -189,11 +172,8 @@ class ClaimStore:
         record Nomad holds, False) when it was taken before; that record may still be
         empty if its writer has only just created it."""
         record = RequestRecord.new(request_id, namespace, pools, count, served_until)
-        try:
-            stored = await self._port.put_variable(record.path, record.to_items(), namespace, cas=0)
-        except NomadConflict as conflict:
-            return RequestRecord.from_variable(conflict.current or {"Path": record.path}), False
-        return RequestRecord.from_variable(stored), True
+        stored, created = await create(self._port, record.path, record.to_items(), namespace)
+        return RequestRecord.from_variable(stored), created
 
     async def complete_request(
         self, record: RequestRecord, pool: str, runner_ids: tuple[str, ...]
@@ -213,11 +193,9 @@ class ClaimStore:
     async def drop_request(self, record: RequestRecord) -> bool:
         """Free a requestId whose claim failed, so that a retry claims afresh; False when
         the record changed meanwhile."""
-        try:
-            await self._port.delete_variable(record.path, record.namespace, cas=record.modify_index)
-        except NomadConflict:
-            return False
-        return True
+        return await delete_unchanged(
+            self._port, record.path, record.namespace, record.modify_index
+        )
 
     async def collect_abandoned_requests(
         self, namespace: str, claims: Iterable[ClaimRecord], now: datetime
@@ -228,11 +206,8 @@ class ClaimStore:
         metas = await self._port.list_variables(REQUESTS_PREFIX, namespace)
         deleted = 0
         for meta in abandoned_requests(metas, claims, now):
-            try:
-                await self._port.delete_variable(
-                    meta["Path"], namespace, cas=int(meta["ModifyIndex"])
-                )
-            except NomadConflict:
+            path = str(meta["Path"])
+            if not await delete_unchanged(self._port, path, namespace, index_of(meta)):
                 continue  # written again meanwhile: a claim in flight owns it
             log.info("deleted abandoned request record %s in %s", meta["Path"], namespace)
             deleted += 1

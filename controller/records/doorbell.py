@@ -13,12 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Final
 
-from controller.core.catalog import DOORBELL_PATH
-from controller.core.times import format_time
+from controller.core.catalog import Ring
+from controller.core.paths import DOORBELL_PATH
 from controller.nomad.errors import NomadError
 from controller.nomad.port import Variables, VariableWatch
 from controller.tasks import Background
@@ -29,10 +29,6 @@ RING_SECONDS: Final = 0.05
 # The longest blocking read of the doorbell (the watch session's read timeout is longer).
 WAIT_SECONDS: Final = 8.0
 RETRY_SECONDS: Final = (1.0, 30.0)  # the first and the longest pause after a failed read
-
-CLAIMS: Final = "claims"  # runners taken or ended: replace or purge them
-WAITING: Final = "waiting"  # requests wait: read the waiting records
-ENVIRONMENTS: Final = "environments"  # Poseidon environments written: read them
 
 
 class Doorbell:
@@ -69,16 +65,14 @@ class Doorbell:
     async def _write(self) -> None:
         try:
             while self._reasons:
-                pools, reasons = self._pools, self._reasons
+                ring = Ring(
+                    self._replica, self._clock(), frozenset(self._reasons), frozenset(self._pools)
+                )
                 self._pools, self._reasons = set(), set()
-                items = {
-                    "by": self._replica,
-                    "at": format_time(self._clock()),
-                    "reasons": ",".join(sorted(reasons)),
-                    "pools": ",".join(sorted(pools)),
-                }
                 try:
-                    await self._port.put_variable(DOORBELL_PATH, items, self._home, cas=None)
+                    await self._port.put_variable(
+                        DOORBELL_PATH, ring.to_items(), self._home, cas=None
+                    )
                     self.rings += 1
                 except NomadError as error:
                     # The reconcilers still look at their next resync.
@@ -89,13 +83,13 @@ class Doorbell:
 
 
 class DoorbellWatch:
-    """Follows the doorbell and awaits `on_ring` with its items each time it is rung."""
+    """Follows the doorbell and awaits `on_ring` with the reasons of each ring."""
 
     def __init__(
         self,
         watcher: VariableWatch,
         home_namespace: str,
-        on_ring: Callable[[Mapping[str, str]], Awaitable[None]],
+        on_ring: Callable[[frozenset[str]], Awaitable[None]],
     ) -> None:
         self._watcher = watcher
         self._home = home_namespace
@@ -119,7 +113,7 @@ class DoorbellWatch:
             modified = variable.get("ModifyIndex") if variable is not None else None
             if variable is not None and modified != seen and not first:
                 try:
-                    await self._on_ring(variable.get("Items") or {})
+                    await self._on_ring(Ring.reasons_in(variable.get("Items") or {}))
                 except Exception:
                     log.exception("answering the doorbell failed")
             seen, first = modified, False

@@ -13,22 +13,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
-from typing import Final
+from typing import Any, Final
 
 from controller.core.catalog import (
-    WAITING_PREFIX,
+    WAITING,
     WAITING_TTL_SECONDS,
     CatalogError,
     WaitingRecord,
     waiting_expiry,
-    waiting_path,
 )
+from controller.core.paths import WAITING_PREFIX, waiting_path
 from controller.core.waiting import WaitingClaims
-from controller.directory.doorbell import RING_SECONDS, WAITING, Doorbell
-from controller.nomad.errors import NomadConflict, NomadError
+from controller.nomad.errors import NomadError
 from controller.nomad.port import Variables
+from controller.records.doorbell import RING_SECONDS, Doorbell
+from controller.records.reading import Listing
+from controller.records.writing import delete_unchanged
 
 log = logging.getLogger(__name__)
 
@@ -115,32 +117,21 @@ class WaitingReader:
         self._port = port
         self._home = home_namespace
         self._clock = clock
-        self._known: dict[str, tuple[int, WaitingRecord | None]] = {}
+        self._records = Listing(port, WAITING_PREFIX, home_namespace, _decode)
 
     async def read(self) -> list[WaitingRecord]:
         """The records as Nomad holds them now (only changed ones are read again)."""
-        metas = await self._port.list_variables(WAITING_PREFIX, self._home)
-        known: dict[str, tuple[int, WaitingRecord | None]] = {}
-        for meta in metas:
-            path, index = str(meta["Path"]), int(meta.get("ModifyIndex", 0))
-            hit = self._known.get(path)
-            if hit is None or hit[0] != index:
-                hit = (index, await self._read(path))
-            known[path] = hit
-        self._known = known
+        known = await self._records.read()
         now = self._clock()
-        for path, (index, record) in known.items():
-            if record is not None and now - record.expires_at > FORGET_AFTER:
-                with contextlib.suppress(NomadConflict):
-                    await self._port.delete_variable(path, self._home, cas=index)
-        return [record for _, record in known.values() if record is not None]
+        for path, hit in known.items():
+            if hit.value is not None and now - hit.value.expires_at > FORGET_AFTER:
+                await delete_unchanged(self._port, path, self._home, hit.index)
+        return [hit.value for hit in known.values() if hit.value is not None]
 
-    async def _read(self, path: str) -> WaitingRecord | None:
-        variable = await self._port.read_variable(path, self._home)
-        if variable is None:
-            return None
-        try:
-            return WaitingRecord.from_items(variable.get("Items") or {})
-        except CatalogError as error:
-            log.warning("waiting record %s ignored: %s", path, error)
-            return None
+
+def _decode(path: str, variable: Mapping[str, Any]) -> WaitingRecord | None:
+    try:
+        return WaitingRecord.from_items(variable.get("Items") or {})
+    except CatalogError as error:
+        log.warning("waiting record %s ignored: %s", path, error)
+        return None
