@@ -367,6 +367,7 @@ BROKEN_FRAMES = [
 ]
 
 
+@pytest.mark.slow
 @LOCAL
 @pytest.mark.parametrize("api", ["v1", "poseidon"])
 async def test_a_broken_frame_closes_its_stream_and_the_runner_goes_on(
@@ -412,6 +413,7 @@ FLOOD_FRAMES = 64  # MiB: far more than the sockets and buffers on the way hold
 CLOSE_SOON = aiohttp.ClientWSTimeout(ws_close=1.0)
 
 
+@pytest.mark.slow
 @LOCAL
 async def test_a_stdin_flood_is_held_back_and_nothing_is_lost(runner: Runner) -> None:
     """A command that reads nothing until told: its client's stdin waits in the client
@@ -442,6 +444,7 @@ async def test_a_stdin_flood_is_held_back_and_nothing_is_lost(runner: Runner) ->
         assert int(stream.output()) == FLOOD_FRAMES * len(data)
 
 
+@pytest.mark.slow
 @LOCAL
 async def test_a_stdin_flood_on_poseidons_websocket_is_held_back(runner: Runner) -> None:
     data = "x" * (MIB - 64)
@@ -463,6 +466,7 @@ async def test_a_stdin_flood_on_poseidons_websocket_is_held_back(runner: Runner)
         await asyncio.gather(sending, return_exceptions=True)
 
 
+@pytest.mark.slow
 @LOCAL
 async def test_a_client_that_does_not_read_keeps_its_runner(runner: Runner) -> None:
     """`yes` past its time limit while the client reads nothing for a while: the command
