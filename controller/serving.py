@@ -321,7 +321,6 @@ class Serving:
         directory: PoolDirectory,
         registrar: Registrar | None,
         *,
-        active: Callable[[], bool] = lambda: True,
         on_written: Callable[[], None] = lambda: None,
     ) -> ApiServer:
         """The managed environments (registered with `registrar`, when this process
@@ -329,7 +328,7 @@ class Serving:
         if self.manages_environments:
             template = environment_template(self.settings.poseidon.environment_template)
             self.environments = EnvironmentStore(
-                self.records.environments, template, registrar, active=active, on_written=on_written
+                self.records.environments, template, registrar, on_written=on_written
             )
         return ApiServer(
             self.settings,
