@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-fast lint crds demo clean helm promtool haproxy kube node image
+.PHONY: venv test test-fast lint crds demo clean helm promtool haproxy kube node image nomad-api-tests
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -55,8 +55,19 @@ node:
 image: node
 	scripts/build-image.sh
 
+# Nomad's own Go API client tests (the module github.com/hashicorp/nomad/api, pinned in
+# tools/nomad-api-tests/go.mod) against `poolkeeper sim`: a table of each test's outcome;
+# fails when a test of expected-pass.txt does not pass (docs/simulator.md). Every test that
+# starts an agent by default; NOMAD_API_TESTS="-areas poolkeeper" only the areas poolkeeper
+# uses (what `make test` runs), "-run 'REGEXP' -v" some tests with their failures' output.
+NOMAD_API_TESTS ?=
+nomad-api-tests: $(STAMP)
+	cd tools/nomad-api-tests && PATH="$(CURDIR)/$(BIN):$$PATH" \
+		go run . -bin "$(CURDIR)/.cache/nomad-api-tests/bin" $(NOMAD_API_TESTS)
+
 test: lint helm promtool haproxy kube node
 	$(BIN)/pytest -q
+	$(MAKE) nomad-api-tests NOMAD_API_TESTS="-areas poolkeeper"
 
 # What a change needs first: lint and every test not marked slow (pyproject.toml's markers).
 test-fast: lint helm promtool haproxy kube node

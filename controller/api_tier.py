@@ -79,7 +79,11 @@ class ApiTier:
     async def start(self) -> str:
         self.directory.start()
         self._replica_beat.start()
-        url = await self.api.serve(self.readiness)
+        try:
+            url = await self.api.serve(self.readiness)
+        except BaseException:  # a port in use: nothing is left open behind the error
+            await self.stop()
+            raise
         if self.environments is not None:
             self._environment_refresh.start()
         return url

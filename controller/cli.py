@@ -246,6 +246,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="a client node; repeatable (sim-node-1, sim-node-2, sim-node-3)",
     )
     sim.add_argument(
+        "--listen-fd",
+        type=int,
+        metavar="N",
+        help="serve on the listening TCP socket inherited as file descriptor N, which the "
+        "process starting the simulator bound (then --listen is not used)",
+    )
+    sim.add_argument(
+        "--no-client",
+        action="store_true",
+        help="a server alone: no client node (nothing can be placed)",
+    )
+    sim.add_argument(
         "--acl-enabled", action="store_true", help="enforce ACL tokens (POST /v1/acl/bootstrap)"
     )
     sim.add_argument(

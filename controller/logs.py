@@ -13,9 +13,12 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
+
+from aiohttp.http_exceptions import HttpProcessingError
 
 TEXT_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -78,6 +81,50 @@ class JsonFormatter(logging.Formatter):
             entry["stack"] = self.formatStack(record.stack_info)
         return json.dumps(entry, ensure_ascii=False, default=str)
 
+
+class MalformedRequests(logging.Filter):
+    """The HTTP server's records of requests it could not parse (a request line or
+    headers too long, too many headers, a Content-Length that is no number: a client's
+    fault, answered 4xx before any route) as one INFO line without a traceback, at most
+    one each `interval` seconds: anyone who can connect could otherwise fill the log.
+    The next line counts those left out. Every other record passes as it is."""
+
+    def __init__(self, interval: float = 1.0, clock: Callable[[], float] = time.monotonic):
+        super().__init__()
+        self.interval = interval
+        self.clock = clock
+        self._next = float("-inf")
+        self._left_out = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if not isinstance(error, HttpProcessingError):
+            return True
+        now = self.clock()
+        if now < self._next:
+            self._left_out += 1
+            return False
+        self._next = now + self.interval
+        client = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+        more = f" ({self._left_out} more since the last line)" if self._left_out else ""
+        self._left_out = 0
+        record.msg = "refused a malformed request from %s: %s %s%s"
+        record.args = (client, error.code, error.message, more)
+        record.levelno, record.levelname = logging.INFO, "INFO"
+        record.exc_info = record.exc_text = None
+        return True
+
+
+def http_server_logger() -> logging.Logger:
+    """The logger of poolkeeper's HTTP server (aiohttp's own records), malformed requests
+    briefly (MalformedRequests)."""
+    logger = logging.getLogger(HTTP_SERVER_LOGGER)
+    if not any(isinstance(f, MalformedRequests) for f in logger.filters):
+        logger.addFilter(MalformedRequests())
+    return logger
+
+
+HTTP_SERVER_LOGGER: Final = "controller.http"
 
 LOG_FORMATS: Final[Mapping[str, Callable[[], logging.Formatter]]] = {
     "text": TextFormatter,

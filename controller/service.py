@@ -113,7 +113,7 @@ class Service:
             catalog=self.serving.catalog,
             unread=self.pools_unread,
         )
-        self.api = self.serving.serve_over(self.directory, self.engine, active=self.registers_pools)
+        self.api = self.serving.serve_over(self.directory, self.engine)
         self.environments = self.serving.environments
         self.claims, self.runners = self.api.claims, self.api.runners
         self.executions, self.files, self.tokens = (
@@ -141,11 +141,6 @@ class Service:
     def identity(self) -> str:
         """Who holds a pool's lease, as other processes read it: host and process."""
         return f"{socket.gethostname()}/{os.getpid()}"
-
-    def registers_pools(self) -> bool:
-        """Whether this process gives the engine pools now (a passive operator replica
-        does not)."""
-        return True
 
     def pools_unread(self) -> str | None:
         """Why the engine may lack some of the pools defined now (None: it has them all,

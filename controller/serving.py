@@ -44,6 +44,7 @@ from controller.errors import UsageError
 from controller.executions.activity import WATCH_SECONDS
 from controller.executions.files import FileOperations
 from controller.executions.manager import ExecutionManager
+from controller.logs import http_server_logger
 from controller.metrics import Metrics
 from controller.nomad.client import NomadClient
 from controller.nomad.config import ConfigError, NomadConfig
@@ -321,7 +322,6 @@ class Serving:
         directory: PoolDirectory,
         registrar: Registrar | None,
         *,
-        active: Callable[[], bool] = lambda: True,
         on_written: Callable[[], None] = lambda: None,
         claimers: Callable[[], Claimers] = lambda: RANDOM,
     ) -> ApiServer:
@@ -331,7 +331,7 @@ class Serving:
         if self.manages_environments:
             template = environment_template(self.settings.poseidon.environment_template)
             self.environments = EnvironmentStore(
-                self.records.environments, template, registrar, active=active, on_written=on_written
+                self.records.environments, template, registrar, on_written=on_written
             )
         return ApiServer(
             self.settings,
@@ -424,7 +424,10 @@ class ApiServer:
             app.add_subapp(POSEIDON_PREFIX + "/", create_poseidon_app(context))
             app[OPENAPI_KEY] = extended(app[OPENAPI_KEY], openapi_part())
         self._runner = web.AppRunner(
-            app, access_log=None, keepalive_timeout=HTTP_IDLE_TIMEOUT_SECONDS
+            app,
+            access_log=None,
+            keepalive_timeout=HTTP_IDLE_TIMEOUT_SECONDS,
+            logger=http_server_logger(),
         )
         await self._runner.setup()
         host, port = self.settings.listen

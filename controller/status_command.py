@@ -19,6 +19,9 @@ from rich.text import Text
 from controller.errors import EXIT_FAILURE, EXIT_OK, UsageError
 
 WATCH_SECONDS = 2.0
+# Columns for output that is not a terminal's: wider than any table gets (a table takes
+# the width its cells need, not this).
+UNBOUNDED_WIDTH = 4096
 
 
 class StatusError(Exception):
@@ -121,6 +124,8 @@ def main(args: argparse.Namespace) -> int:
     token = _token(args)
     base_url = args.url.rstrip("/")
     console = Console()
+    if not console.is_terminal:  # a pipe or a file: no width to fit, every cell whole
+        console = Console(width=UNBOUNDED_WIDTH)
     if not args.watch:
         try:
             console.print(render(base_url, token))

@@ -34,17 +34,60 @@ async def read_json(request: web.Request) -> dict[str, Any]:
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
-    """`raw` as a JSON object (400 otherwise); an empty body is an empty object."""
+    """`raw` as a JSON object (400 otherwise, saying what is wrong and at which byte);
+    an empty body is an empty object."""
     if not raw.strip():
         return {}
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError) as error:
-        # RecursionError: a few thousand "[" fit in the size limit and nest too deep.
-        raise invalid(f"body is not valid JSON: {type(error).__name__}") from None
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise invalid(f"body is not valid JSON: not UTF-8 (byte {error.start})") from None
+    try:
+        body = _DECODER.decode(text)
+    except json.JSONDecodeError as error:
+        at = len(text[: error.pos].encode("utf-8", "surrogatepass"))
+        words = _JSON_ERRORS.get(error.msg, error.msg[:1].lower() + error.msg[1:])
+        raise invalid(f"body is not valid JSON: {words} at byte {at}") from None
+    except _NotJSON as error:
+        raise invalid(f"body is not valid JSON: {error}") from None
+    except RecursionError:  # a few thousand "[" fit in the size limit
+        raise invalid("body is not valid JSON: it nests deeper than this API reads") from None
     if not isinstance(body, dict):
         raise invalid("body must be a JSON object")
     return body
+
+
+class _NotJSON(ValueError):
+    """What Python's parser would take, and JSON does not have (or int() cannot read)."""
+
+
+# Python's int() reads at most this many digits (sys.int_info.default_max_str_digits).
+MAX_DIGITS = 4300
+
+
+def _integer(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_DIGITS:
+        raise _NotJSON(f"a number of more than {MAX_DIGITS} digits")
+    return int(text)
+
+
+def _constant(name: str) -> Any:
+    raise _NotJSON(f"{name} is no JSON value")
+
+
+_DECODER = json.JSONDecoder(parse_int=_integer, parse_constant=_constant)
+# Python's words for what it expected, as the API says them.
+_JSON_ERRORS = {
+    "Expecting property name enclosed in double quotes": (
+        "expecting a property name in double quotes"
+    ),
+    "Expecting ':' delimiter": "expecting ':'",
+    "Expecting ',' delimiter": "expecting ','",
+    "Expecting value": "expecting a value",
+    "Unterminated string starting at": "unterminated string",
+    "Invalid control character at": "a control character in a string",
+    "Invalid \\escape": "invalid \\escape",
+}
 
 
 def validated(model: type[M], body: dict[str, Any]) -> M:

@@ -14,7 +14,7 @@ import asyncio
 import json
 from typing import Any
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSMessage, WSMsgType, web
 
 from controller.api.bodies import parse_json, read_body, validated
 from controller.api.models import (
@@ -25,6 +25,7 @@ from controller.api.models import (
     FilesBody,
 )
 from controller.api.route import NOT_CLAIMED, RUNNER_GONE, Query, Route, runner_in_scope
+from controller.core.gojson import go_text
 from controller.errors import ErrorCode, ServiceError
 from controller.executions.archives import Spool
 from controller.executions.commands import BELOW_PATTERN, PATH_PATTERN
@@ -86,18 +87,36 @@ def _terminal(outcome: Outcome) -> dict[str, Any]:
 async def _client_frames(ws: web.WebSocketResponse, execution: Execution) -> None:
     """stdin from the client; its close (or its going away) cancels the execution."""
     async for message in ws:
-        if message.type is not WSMsgType.TEXT:
-            continue
-        try:
-            frame = json.loads(message.data)
-        except ValueError:
-            continue
-        kind = frame.get("type") if isinstance(frame, dict) else None
-        if kind == "stdin" and isinstance(frame.get("data"), str):
-            execution.input.put_nowait(frame["data"].encode("utf-8", "replace"))
-        elif kind == "stdinClose":
-            execution.input.put_nowait(None)
+        data = _stdin_of(message)
+        del message  # while `put` waits, the frame is held once, as bytes
+        if isinstance(data, bytes):
+            # Waits while the command has not taken what it was sent (executions/stdin.py).
+            await execution.input.put(data)
+        elif data is STDIN_CLOSE:
+            execution.input.put_now(None)
     execution.cancel()
+
+
+class _StdinClose:
+    """A client's `stdinClose` frame."""
+
+
+STDIN_CLOSE = _StdinClose()
+
+
+def _stdin_of(message: WSMessage) -> bytes | _StdinClose | None:
+    """The bytes of a client's stdin frame, STDIN_CLOSE for its stdinClose frame, None for
+    anything else (ignored: not text, not JSON, another type)."""
+    if message.type is not WSMsgType.TEXT:
+        return None
+    try:
+        frame = json.loads(message.data)
+    except (ValueError, RecursionError):  # not JSON, a number int() refuses, deep nesting
+        return None
+    kind = frame.get("type") if isinstance(frame, dict) else None
+    if kind == "stdin" and isinstance(frame.get("data"), str):
+        return go_text(frame["data"]).encode()  # a lone surrogate is U+FFFD, as in Go
+    return STDIN_CLOSE if kind == "stdinClose" else None
 
 
 # ---- files -------------------------------------------------------------------------------
@@ -108,11 +127,13 @@ async def put_files(request: web.Request) -> web.Response:
     files = request.app[FILES_KEY]
     await files.activity.live(runner_id)  # 404/410 before a large body is taken in
     limit = files.activity.spec(runner_id).max_upload_bytes
+    # A tar body's: checked whatever the body (a JSON body names its own paths).
+    into = files.extraction_target(request.query.get("path"))
     if request.content_type == TAR:
         spool = Spool()
         try:
             await read_stream(request, limit, spool.write)
-            await files.upload_tar(runner_id, request.query.get("path"), spool)
+            await files.upload_tar(runner_id, into, spool)
         finally:
             spool.close()
         return web.Response(status=204)
@@ -194,8 +215,8 @@ EXECUTION_ROUTES: tuple[Route, ...] = (
         put_files,
         body=FilesBody,
         raw_body=TAR,
-        query={"path": Query("a tar body: where to extract it (default: the working dir)",
-                             pattern=PATH_PATTERN)},
+        query={"path": Query("a tar body: where to extract it (default: the working dir; "
+                             "checked, but not used, with a JSON body)", pattern=PATH_PATTERN)},
         responses={204: ("done", None)},
         errors={**EXEC_ERRORS, 413: "more than the pool's maxUploadBytes"},
     ),

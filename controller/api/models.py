@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     RootModel,
@@ -35,6 +36,18 @@ MAX_BATCH = 100
 MAX_POOLS = 10
 
 
+def _integral(value: Any) -> Any:
+    """A JSON number without a fraction (`49.0`) as the integer it is."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# After an integer's constraints: it takes a JSON Schema `integer` as the document has
+# it, 49 and 49.0 (not "49", not true, not 49.5).
+INTEGRAL = BeforeValidator(_integral)
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel, populate_by_name=False, extra="forbid", frozen=True
@@ -44,7 +57,7 @@ class _Body(BaseModel):
 class ClaimBody(_Body):
     """Claim one idle, running runner (current template preferred)."""
 
-    inactivity_timeout_seconds: Annotated[StrictInt, Field(gt=0)] | None = Field(
+    inactivity_timeout_seconds: Annotated[StrictInt, Field(gt=0), INTEGRAL] | None = Field(
         None,
         description="seconds without keepalive before the claim expires; "
         "default and maximum come from the pool",
@@ -58,7 +71,7 @@ class ClaimBody(_Body):
     wait_seconds: Annotated[StrictFloat, Field(ge=0, le=MAX_WAIT_SECONDS)] = Field(
         0, description="how long to wait for a runner when none is idle"
     )
-    count: Annotated[StrictInt, Field(ge=1, le=MAX_BATCH)] | None = Field(
+    count: Annotated[StrictInt, Field(ge=1, le=MAX_BATCH), INTEGRAL] | None = Field(
         None,
         description="claim this many runners of one pool, all or nothing; the answer is "
         '{"claims": [...]} (without count: one claim object)',
@@ -200,7 +213,7 @@ class ExecutionBody(_Body):
     working_dir: RunnerPathText | None = Field(
         None, description="where it runs; relative: under the pool's workingDir"
     )
-    time_limit_seconds: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] | None = Field(
+    time_limit_seconds: Annotated[StrictInt, Field(ge=1, le=INT32_MAX), INTEGRAL] | None = Field(
         None, description="default and maximum come from the pool"
     )
     tty: StrictBool = Field(False, description="a terminal: stderr merged, input echoed")

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import binascii
 import json
+import re
 import string
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,10 +60,12 @@ BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=
 
 def json_schema(kind: GoType) -> JSON:
     """A JSON Schema of values Go's decoder takes into `kind`: a struct's fields by their
-    names (others are ignored, so allowed), null for a slice, a map or []uint8 (nil)."""
+    names (others are ignored, so allowed), and null anywhere: Go sets a slice, a map or
+    []uint8 to nil, and leaves any other value as it was (a field or item keeps its zero
+    value)."""
     if isinstance(kind, GoStruct):
         fields = {name: json_schema(field) for name, field in kind.fields.items()}
-        return {"type": "object", "properties": fields}
+        return {"type": ["object", "null"], "properties": fields}
     if isinstance(kind, GoSlice):
         return {"type": ["array", "null"], "items": json_schema(kind.item)}
     if isinstance(kind, GoMap):
@@ -69,10 +73,10 @@ def json_schema(kind: GoType) -> JSON:
     if kind in _INTEGERS:
         bits, signed = _INTEGERS[kind]
         low, high = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
-        return {"type": "integer", "minimum": low, "maximum": high}
+        return {"type": ["integer", "null"], "minimum": low, "maximum": high}
     if kind == "[]uint8":
         return {"type": ["string", "null"], "contentEncoding": "base64", "pattern": BASE64_PATTERN}
-    return {"type": "boolean" if kind == "bool" else "string"}
+    return {"type": ["boolean" if kind == "bool" else "string", "null"]}
 
 
 def _type_name(kind: GoType) -> str:
@@ -91,7 +95,34 @@ def _reject_constant(name: str) -> Any:
     raise GoJSONError(f"invalid character {_quote_char(name[0])} looking for beginning of value")
 
 
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+class _Number(str):
+    """A JSON number no Go integer holds (a fraction, an exponent, or more digits than
+    Python's int() reads): its text, as Go's errors quote it."""
+
+
+# Python's int() reads at most 4300 digits (sys.int_info.default_max_str_digits).
+_INT_DIGITS = 4300
+
+
+def _integer(text: str) -> int | _Number:
+    return int(text) if len(text) <= _INT_DIGITS else _Number(text)
+
+
+_DECODER = json.JSONDecoder(
+    parse_constant=_reject_constant, parse_float=_Number, parse_int=_integer
+)
+# The decoder's scanner of one value at an index (typeshed leaves the attribute out).
+_scan: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
+# Go's decoder gives up beyond this nesting ("exceeded max depth"); Python's parser
+# recurses, and stops far earlier: deeper values are read by _parse_nested.
+_MAX_DEPTH = 10_000
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def go_text(text: str) -> str:
+    """A decoded string as Go holds it: an escaped surrogate that is not half of a pair
+    (Python keeps it) is U+FFFD."""
+    return text if text.isascii() else _SURROGATE.sub("\ufffd", text)
 
 
 def decode_struct(raw: str, struct: GoStruct) -> JSON:
@@ -119,7 +150,7 @@ def unmarshal_strings(raw: str) -> list[str] | None:
     for item in value:
         if item is not None and not isinstance(item, str):
             raise _type_error(item, None, "", "string")
-    return ["" if item is None else item for item in value]
+    return ["" if item is None else go_text(item) for item in value]
 
 
 def go_marshal(value: Any) -> str:
@@ -177,10 +208,96 @@ def _parse(text: str, eof_message: str, whole: bool) -> Any:
         value, end = _DECODER.raw_decode(text)
     except json.JSONDecodeError as exc:
         raise GoJSONError(_syntax_error(text, exc, eof_message)) from None
+    except RecursionError:
+        value, end = _parse_nested(text, eof_message)
     rest = len(text) - len(text[end:].lstrip(_GO_WHITESPACE))
     if whole and rest < len(text):
         raise GoJSONError(f"invalid character {_quote_char(text[rest])} after top-level value")
     return value
+
+
+def _parse_nested(text: str, eof_message: str) -> tuple[Any, int]:
+    """The first JSON value of `text` and where it ends, its arrays and objects read
+    without recursion (scalars by Python's scanner): Go's 10,000 levels, and its errors."""
+    # Open containers, innermost last: an array, or an object and the key being read.
+    stack: list[tuple[list[Any] | JSON, str]] = []
+    pos = _skip(text, 0)
+    while True:
+        if pos >= len(text):
+            raise GoJSONError(eof_message)
+        value: Any
+        if text[pos] in "[{":
+            if len(stack) >= _MAX_DEPTH:
+                raise GoJSONError("exceeded max depth")
+            closing = "]" if text[pos] == "[" else "}"
+            pos = _skip(text, pos + 1)
+            if text[pos : pos + 1] != closing:
+                container: list[Any] | JSON = [] if closing == "]" else {}
+                key = ""
+                if closing == "}":
+                    key, pos = _key(text, pos, eof_message)
+                stack.append((container, key))
+                continue  # to its first value
+            value, pos = ([] if closing == "]" else {}), pos + 1
+        else:
+            value, pos = _scalar_at(text, pos, eof_message)
+        # The value is whole: into its container, then past what follows it.
+        while stack:
+            container, key = stack[-1]
+            if isinstance(container, list):
+                container.append(value)
+            else:
+                container[key] = value
+            pos = _skip(text, pos)
+            closing = "]" if isinstance(container, list) else "}"
+            if pos < len(text) and text[pos] == ",":
+                pos = _skip(text, pos + 1)
+                if closing == "}":
+                    key, pos = _key(text, pos, eof_message)
+                    stack[-1] = (container, key)
+                break  # to the next value
+            if pos < len(text) and text[pos] == closing:
+                stack.pop()
+                value, pos = container, pos + 1
+                continue
+            context = "after array element" if closing == "]" else "after object key:value pair"
+            raise GoJSONError(_invalid_at(text, pos, context, eof_message))
+        else:
+            return value, pos
+
+
+def _skip(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in _GO_WHITESPACE:
+        pos += 1
+    return pos
+
+
+def _key(text: str, pos: int, eof_message: str) -> tuple[str, int]:
+    """An object's key at `pos` and the colon after it: where its value starts."""
+    if text[pos : pos + 1] != '"':
+        context = "looking for beginning of object key string"
+        raise GoJSONError(_invalid_at(text, pos, context, eof_message))
+    key, pos = _scalar_at(text, pos, eof_message)
+    pos = _skip(text, pos)
+    if text[pos : pos + 1] != ":":
+        raise GoJSONError(_invalid_at(text, pos, "after object key", eof_message))
+    return key, _skip(text, pos + 1)
+
+
+def _scalar_at(text: str, pos: int, eof_message: str) -> tuple[Any, int]:
+    try:
+        value, end = _scan(text, pos)
+    except StopIteration:
+        raise GoJSONError(_value_error(text, pos, eof_message)) from None
+    except json.JSONDecodeError as exc:
+        raise GoJSONError(_syntax_error(text, exc, eof_message)) from None
+    return value, end
+
+
+def _invalid_at(text: str, pos: int, context: str, eof_message: str) -> str:
+    if pos >= len(text):
+        return eof_message
+    return f"invalid character {_quote_char(text[pos])} {context}"
 
 
 def _into_struct(obj: JSON, struct: GoStruct, path: str) -> JSON:
@@ -223,23 +340,27 @@ def _decode(value: Any, kind: GoType, struct: GoStruct, where: str) -> Any:
         if not isinstance(value, dict):
             raise _type_error(value, struct, where, _type_name(kind))
         return {
-            key: _zero(kind.value) if item is None else _decode(item, kind.value, struct, where)
+            go_text(key): (
+                _zero(kind.value) if item is None else _decode(item, kind.value, struct, where)
+            )
             for key, item in value.items()
         }
     return _scalar(value, kind, struct, where)
 
 
 def _scalar(value: Any, kind: str, struct: GoStruct, where: str) -> Any:
-    if kind == "string" and isinstance(value, str):
-        return value
-    if kind == "bool" and isinstance(value, bool):
-        return value
-    if kind in _INTEGERS and isinstance(value, int | float) and not isinstance(value, bool):
+    if isinstance(value, _Number | int) and not isinstance(value, bool):
+        if kind not in _INTEGERS:
+            raise _type_error(value, struct, where, kind)
         bits, signed = _INTEGERS[kind]
         low, high = (-(1 << (bits - 1)), 1 << (bits - 1)) if signed else (0, 1 << bits)
         if isinstance(value, int) and low <= value < high:
             return value
         raise _type_error(value, struct, where, kind, number=f"number {value}")
+    if kind == "string" and isinstance(value, str):
+        return go_text(value)
+    if kind == "bool" and isinstance(value, bool):
+        return value
     if kind == "[]uint8" and isinstance(value, str):
         return _base64(value)
     raise _type_error(value, struct, where, kind)
@@ -283,7 +404,7 @@ def _type_error(
 ) -> GoJSONError:
     if isinstance(value, bool):
         kind = "bool"
-    elif isinstance(value, int | float):
+    elif isinstance(value, int | _Number):
         kind = number or "number"
     else:
         kind = (

@@ -53,11 +53,6 @@ class Drains:
         restarted controller must not resume the drain from its record."""
         self._cancelled.add(key)
 
-    def forget(self) -> None:
-        """Another process owns the pools now (a passive operator replica)."""
-        self._records.clear()
-        self._cancelled.clear()
-
     async def resume(self) -> None:
         """Take up the drains a previous process recorded in Nomad and did not finish."""
         for hit in await self.records.read():

@@ -200,15 +200,6 @@ class Engine:
         """Pools defined somewhere but not valid now: their runners are no orphans."""
         self._registry.protected = set(keys)
 
-    def forget_pools(self) -> None:
-        """Drop every pool without touching Nomad or the drain records: another process
-        owns them now (a passive operator replica)."""
-        for managed in self._registry:
-            self._publisher.forget(managed.key)
-        self._registry.clear()
-        self._drains.forget()
-        self.store.forget_namespaces()
-
     def keep_claims_in_use(self, in_use: Callable[[str], bool]) -> None:
         """Claims of the runners `in_use` names (an execution of this process runs on
         them) are renewed at their deadline instead of expired."""

@@ -169,6 +169,10 @@ class PoolView(Protocol):
         """How many idle runners the pool wants now, and why (the last pass's)."""
 
     @property
+    def pacing(self) -> Pacing | None:
+        """Where the shrink of its demand part stands (pools with spec.demand)."""
+
+    @property
     def status(self) -> PoolStatus | None: ...
     @property
     def conflict(self) -> PoolProblem | None: ...

@@ -1,9 +1,10 @@
 """The tar archives of uploads: built from a JSON body, or a client's, checked first.
 
-An upload's bytes are held once, in a spool (memory up to SPOOL_IN_MEMORY, a temporary
-file beyond), so that nothing is written in the runner until the whole body has arrived
+An upload's bytes are held in a spool (memory up to SPOOL_IN_MEMORY, a temporary file
+beyond), so that nothing is written in the runner until the whole body has arrived
 within `maxUploadBytes` and every path in it is acceptable; then the spool is streamed
-to `tar -x` as the exec's stdin.
+to `tar -x` as the exec's stdin. A client's archive is read whole by the check, which
+writes the members it read into a spool of its own: that copy is what `tar -x` reads.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ READ_CHUNK = 256 * 1024
 # may run unprivileged), only a file's owner removes it.
 DIRECTORY_MODE = 0o1777
 _PRIVILEGE_BITS = 0o6000  # setuid, setgid: an unprivileged execution would gain the owner's
+_MAX_ID = 2**32 - 1  # of an owner or a group, as Linux and GNU tar take it
 # Links one path may go through (Linux's MAXSYMLINKS: past it the kernel gives up too).
 MAX_LINK_FOLLOWS = 40
 # Steps of resolving names an archive may take per member, on top of one a name in it:
@@ -90,33 +92,158 @@ def build_archive(directories: Sequence[RunnerPath], files: Sequence[UploadedFil
     return spool
 
 
-def check_archive(spool: Spool) -> None:
-    """A client's archive, before anything of it is written: every member is a file,
-    directory or link, not setuid or setgid, has no absolute name and no `..` in its name
-    or hard link target (tar refuses those), and stays under the directory it is extracted
-    into as the extraction resolves it: through the links earlier members made, each
-    relative to its own directory (`Extraction`). InvalidValue names the first member
-    that does not."""
+def checked_copy(spool: Spool) -> Spool:
+    """A client's archive, checked, as a new archive of poolkeeper's own holding exactly
+    the members the check read: what `tar -x` extracts is what was checked, whatever
+    the client's bytes would have made of another reader (GNU tar skips a header it
+    cannot read and goes on; Python's tarfile stops there).
+
+    Every member is a file, directory or link, not setuid or setgid, has no absolute
+    name and no `..` in its name or hard link target (tar refuses those), and stays
+    under the directory it is extracted into as the extraction resolves it: through the
+    links earlier members made, each relative to its own directory (`Extraction`).
+    Every block up to the end of the archive is read: a header that cannot be read
+    (a bad checksum, a field that is no number, a pax record that is not one), a
+    member cut short, a sparse file or data after the end is refused too. InvalidValue
+    names the member or the byte."""
+    copy = Spool()
+    try:
+        _copy(spool, copy)
+    except BaseException:
+        copy.close()
+        raise
+    copy.size = copy.file.tell()
+    return copy
+
+
+def _copy(spool: Spool, copy: Spool) -> None:
     spool.file.seek(0)
     extraction = Extraction()
+    last: str | None = None  # the member read last, for messages
+    position = 0  # where the headers of the next member start
     try:
-        with tarfile.open(fileobj=spool.file, mode="r:") as archive:
-            for member in archive:
+        with (
+            _Reader.open(fileobj=spool.file, mode="r:") as archive,
+            tarfile.open(fileobj=copy.file, mode="w", format=tarfile.PAX_FORMAT) as out,
+        ):
+            while (member := archive.next()) is not None:
+                archive.members.clear()  # one at a time: 100,000 empty members fit the limit
                 problem = _member_problem(member) or extraction.add(member)
                 if problem is not None:
                     raise InvalidValue(f"tar member {member.name[:200]!r} {problem}")
-    except tarfile.TarError as error:
-        raise InvalidValue(f"the body is not a tar archive ({error})") from None
+                _check_headers(spool, position, member)
+                if member.isreg() and member.offset_data + member.size > spool.size:
+                    raise InvalidValue(f"tar member {member.name[:200]!r} is cut short")
+                out.addfile(_plain(member), archive.extractfile(member) if member.isreg() else None)
+                last, position = member.name, archive.offset
+            _check_end(spool, archive, last)
+    except (tarfile.TarError, ValueError, OverflowError) as error:
+        if isinstance(error, InvalidValue):
+            raise
+        where = "" if last is None else f" after member {last[:200]!r}"
+        raise InvalidValue(f"the tar archive cannot be read{where}: {error}") from None
     leaving = extraction.leaving_link()
     if leaving is not None:
         raise InvalidValue(f"tar member {leaving[:200]!r} {LINKS_OUT}")
 
 
+class _Reader(tarfile.TarFile):
+    members: list[tarfile.TarInfo]  # every member read so far (typeshed leaves it out)
+
+
+def _plain(member: tarfile.TarInfo) -> tarfile.TarInfo:
+    """What of a member is extracted: its kind, name, link, mode, times and owner (not
+    the client's pax records: extended attributes, comments, sparse maps)."""
+    plain = tarfile.TarInfo(member.name)
+    plain.type = tarfile.REGTYPE if member.isreg() else member.type
+    plain.size = member.size if member.isreg() else 0
+    plain.mode = member.mode & 0o7777
+    plain.linkname = member.linkname
+    plain.mtime = member.mtime
+    plain.uid, plain.gid, plain.uname, plain.gname = (
+        member.uid,
+        member.gid,
+        member.uname,
+        member.gname,
+    )
+    return plain
+
+
+def _check_headers(spool: Spool, start: int, member: tarfile.TarInfo) -> None:
+    """The headers of `member` from `start` (pax and GNU long name headers, then its
+    own), read once more: tarfile skips a pax record it cannot parse, tar would not."""
+    offset = start
+    if member.offset_data - offset <= BLOCK:
+        return  # its own header alone, which tarfile has read
+    while offset < member.offset_data:
+        spool.file.seek(offset)
+        info = tarfile.TarInfo.frombuf(spool.file.read(BLOCK), "utf-8", "surrogateescape")
+        offset += BLOCK
+        if info.type in (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE):
+            problem = _pax_problem(spool.file.read(info.size))
+            if problem is not None:
+                raise InvalidValue(f"tar member {member.name[:200]!r} has {problem}")
+        if info.type in _EXTENSIONS:
+            offset += -(-info.size // BLOCK) * BLOCK
+
+
+_EXTENSIONS = (
+    tarfile.XHDTYPE,
+    tarfile.XGLTYPE,
+    tarfile.SOLARIS_XHDTYPE,
+    tarfile.GNUTYPE_LONGNAME,
+    tarfile.GNUTYPE_LONGLINK,
+)
+BLOCK = tarfile.BLOCKSIZE
+
+
+def _pax_problem(data: bytes) -> str | None:
+    """What is wrong with a pax header's records (`<length> <key>=<value>\n` each, the
+    length counting the whole record), or None."""
+    position = 0
+    while position < len(data):
+        length_text, space, _ = data[position : position + 24].partition(b" ")
+        if not (space and length_text.isdigit()):
+            return f"a pax record at byte {position} of its header without a length"
+        end = position + int(length_text)
+        record = data[position + len(length_text) + 1 : end]
+        key, equals, _ = record.partition(b"=")
+        if end > len(data) or not (key and equals and record.endswith(b"\n")):
+            return f"a pax record at byte {position} of its header that is not `key=value`"
+        position = end
+    return None
+
+
+def _check_end(spool: Spool, archive: tarfile.TarFile, last: str | None) -> None:
+    """Where tarfile stopped reading: the end of the body, or the end-of-archive zero
+    block with nothing but zeros after it. Anything else is a header tarfile could not
+    read (it stops there without a word) or data tar would skip or misread."""
+    end = archive.offset
+    spool.file.seek(end)
+    block = spool.file.read(BLOCK)
+    where = f"at byte {end}" + ("" if last is None else f", after member {last[:200]!r}")
+    if block.strip(b"\0"):
+        try:
+            spool.file.seek(end)
+            tarfile.TarInfo.fromtarfile(archive)
+            reason = "not a header"
+        except tarfile.HeaderError as error:
+            reason = str(error)
+        raise InvalidValue(f"the tar archive cannot be read {where}: {reason}")
+    while chunk := spool.file.read(READ_CHUNK):
+        if chunk.strip(b"\0"):
+            raise InvalidValue(f"the tar archive has data after its end ({where})")
+
+
 def _member_problem(member: tarfile.TarInfo) -> str | None:
+    if member.issparse() or member.type == tarfile.GNUTYPE_SPARSE:
+        return "is a sparse file, which uploads do not take"
     if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
         return "is not a file, directory or link"
     if member.mode & _PRIVILEGE_BITS:
         return "is setuid or setgid"
+    if not (0 <= member.uid <= _MAX_ID and 0 <= member.gid <= _MAX_ID):
+        return f"has an owner or group ID out of range (0 to {_MAX_ID}), which tar refuses"
     if member.name.startswith("/") or (member.islnk() and member.linkname.startswith("/")):
         return LEAVES
     if ".." in member.name.split("/") or (member.islnk() and ".." in member.linkname.split("/")):

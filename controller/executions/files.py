@@ -21,7 +21,7 @@ from controller.executions.archives import (
     Spool,
     UploadedFile,
     build_archive,
-    check_archive,
+    checked_copy,
     decoded_size,
 )
 from controller.executions.commands import (
@@ -121,10 +121,15 @@ class FileOperations:
         working directory, or a client's (checked here first)."""
         await self._upload(runner_id, delete, None, archive, own=own, clear=clear)
 
-    async def upload_tar(self, runner_id: str, into: str | None, archive: Spool) -> None:
+    @staticmethod
+    def extraction_target(into: str | None) -> RunnerPath | None:
+        """Where a tar body is to be extracted (None: the working directory), checked
+        before the body is read: 400 for a path that cannot be (empty, with NUL, out)."""
+        return None if into is None else _path("path", into, allow_base=True)
+
+    async def upload_tar(self, runner_id: str, into: RunnerPath | None, archive: Spool) -> None:
         """Extract a client's tar archive under `into` (default the working directory)."""
-        target = None if into is None else _path("path", into, allow_base=True)
-        await self._upload(runner_id, (), target, archive, own=False)
+        await self._upload(runner_id, (), into, archive, own=False)
 
     async def _upload(
         self,
@@ -136,15 +141,20 @@ class FileOperations:
         own: bool,
         clear: bool = False,
     ) -> None:
-        if not own:
+        checked = archive
+        if not own:  # what is extracted is the copy of what the check read
             try:
-                await asyncio.to_thread(check_archive, archive)
+                checked = await asyncio.to_thread(checked_copy, archive)
             except InvalidValue as error:
                 raise _invalid(str(error)) from None
-        async with self._counted(runner_id, "upload") as target:
-            argv = upload_command(target.spec.working_dir, delete, into, own=own, clear=clear)
-            run = await self._run(target, argv, archive.chunks())
-            self._check_exit(run, target, what="the upload")
+        try:
+            async with self._counted(runner_id, "upload") as target:
+                argv = upload_command(target.spec.working_dir, delete, into, own=own, clear=clear)
+                run = await self._run(target, argv, checked.chunks())
+                self._check_exit(run, target, what="the upload")
+        finally:
+            if checked is not archive:
+                checked.close()
 
     # ---- listing and download -------------------------------------------------------------
 
@@ -156,7 +166,7 @@ class FileOperations:
     async def entries(self, runner_id: str, path: str | None, recursive: bool) -> list[FileEntry]:
         """The entries below `path` (default the working directory), or `path` itself
         when it is no directory."""
-        listed = _path("path", path or ".", allow_base=True)
+        listed = _path("path", "." if path is None else path, allow_base=True)
         async with self._counted(runner_id, "list") as target:
             argv = list_command(target.spec.working_dir, listed, recursive=recursive)
             run = await self._run(target, argv, (), stdout_limit=LISTING_LIMIT)

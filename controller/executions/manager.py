@@ -44,6 +44,7 @@ from controller.executions.commands import (
     stderr_reader_command,
     working_dir,
 )
+from controller.executions.stdin import Stdin, StdinBudget
 from controller.metrics import Metrics
 from controller.nomad.client import NomadClient
 from controller.nomad.errors import NomadError, NomadUnavailable
@@ -163,9 +164,9 @@ class Execution:
         self._manager = manager
         self.prepared = prepared
         # stdin for the command: bytes, then None for its end (sent once the launcher runs)
-        self.input: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.input = Stdin(manager.stdin_budget)
         if prepared.stdin:
-            self.input.put_nowait(prepared.stdin)
+            self.input.put_now(prepared.stdin)
         self._halted: asyncio.Future[tuple[Ending, str]] = (
             asyncio.get_running_loop().create_future()
         )
@@ -250,6 +251,12 @@ class Execution:
             if ending is Ending.ERROR or pump.done():
                 return Outcome(ending, message=message)
             await self._manager.kill(self.prepared.target, marker.pid)
+            if marker.done:
+                # What the command wrote goes to no one now: a client that does not read
+                # must not hold the exec open (the pump would wait on its socket).
+                pump.cancel()
+                await asyncio.gather(pump, return_exceptions=True)
+                pump = asyncio.create_task(_discard_output(session))
             await asyncio.wait({pump}, timeout=KILL_GRACE_SECONDS)
             if not pump.done():
                 await self._manager.retire(self, f"the command did not stop after its {ending}")
@@ -323,9 +330,16 @@ class Execution:
         try:
             while (data := await self.input.get()) is not None:
                 await session.send(data)
+                self.input.sent(len(data))
             await session.close_stdin()
         except ExecError:
             pass  # the exec ended; the pump reports how
+
+
+async def _discard_output(session: ExecSession) -> None:
+    """Read the exec to its end, keeping nothing."""
+    async for _ in session.output():
+        pass
 
 
 class ExecutionManager:
@@ -344,6 +358,7 @@ class ExecutionManager:
         self._pending: dict[str, _Waiting] = {}
         self._waiting_on: Counter[str] = Counter()  # of _pending, by runner ID
         self._running: set[Execution] = set()
+        self.stdin_budget = StdinBudget()
 
     # ---- the API's calls ------------------------------------------------------------------
 
@@ -352,7 +367,7 @@ class ExecutionManager:
         check = self._checked(runner_id, request)
         target = await self.activity.live(runner_id)
         execution = self.start(self._prepare(target, request, check))
-        execution.input.put_nowait(None)  # the request's stdin is all there is
+        execution.input.put_now(None)  # the request's stdin is all there is
         output = WaitedOutput()
         outcome = await execution.run(output)
         if outcome.ending is Ending.ERROR:
@@ -466,6 +481,7 @@ class ExecutionManager:
     # ---- what executions call back --------------------------------------------------------
 
     def finished(self, execution: Execution) -> None:
+        execution.input.close()
         self._running.discard(execution)
         self.activity.let_go(execution.runner_id, execution)
         execution.done.set()

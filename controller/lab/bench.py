@@ -28,7 +28,10 @@ clients are other processes. Sections (`--section` runs some of them):
    same through a bare exec (bench_exec.py);
 8. `shared`: the pass time of each of three reconcilers sharing pools by lease against
    one reconciler alone on the same pools (bench_shared.py); not in `--quick` unless
-   `--section shared` names it.
+   `--section shared` names it;
+9. `stdin`: the memory of `poolkeeper run` and of an API replica while a client floods
+   an execution's stdin, on both APIs (bench_stdin.py); not in `--quick` unless
+   `--section stdin` names it.
 
 The JSON is one flat object of dotted keys with numeric values.
 """
@@ -220,10 +223,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def rss_mb() -> float:
-    """Resident set size of this process, from /proc (0 where there is no /proc)."""
+def rss_mb(pid: int | str = "self") -> float:
+    """Resident set size of a process (this one), from /proc (0 where there is no /proc
+    or no such process)."""
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 return round(int(line.split()[1]) / 1024, 1)
     except OSError:
@@ -828,8 +832,12 @@ REQUIRED_KEYS = (
     "files.upload_mb_per_s_ratio",
 )
 # Sections `--quick` leaves out unless `--section` names them, with the keys they write:
-# the leases of reconcilers started one after another take most of a TTL to spread.
-FULL_ONLY_SECTIONS: dict[str, tuple[str, ...]] = {"shared": ("shared.pass_ratio",)}
+# the leases of reconcilers started one after another take most of a TTL to spread; a
+# stdin flood takes half a minute of both cores.
+FULL_ONLY_SECTIONS: dict[str, tuple[str, ...]] = {
+    "shared": ("shared.pass_ratio",),
+    "stdin": ("stdin.rss_growth_max_mb", "stdin.rss_growth_many_mb"),
+}
 
 # (key, goal text, check) for the table's goal column.
 GOALS: tuple[tuple[str, str, Callable[[float], bool]], ...] = (
@@ -852,6 +860,7 @@ GOALS: tuple[tuple[str, str, Callable[[float], bool]], ...] = (
     ("exec.first_byte_ratio", "<= 1.3", lambda v: v <= 1.3),
     ("files.upload_mb_per_s_ratio", ">= 0.8", lambda v: v >= 0.8),
     ("shared.pass_ratio", "<= 0.5", lambda v: v <= 0.5),
+    ("stdin.rss_growth_max_mb", "<= 16", lambda v: v <= 16),
 )
 
 # The sections, in the order they run (`--section NAME` runs some of them).
@@ -864,6 +873,7 @@ SECTION_NAMES = (
     "demand",
     "exec",
     "shared",
+    "stdin",
 )
 
 
@@ -874,6 +884,7 @@ def sections() -> dict[str, Callable[[Run], Awaitable[None]]]:
     from controller.lab.bench_exec import bench_exec
     from controller.lab.bench_scale import bench_scale
     from controller.lab.bench_shared import bench_shared
+    from controller.lab.bench_stdin import bench_stdin
 
     found: list[Callable[[Run], Awaitable[None]]] = [
         bench_scale,
@@ -884,6 +895,7 @@ def sections() -> dict[str, Callable[[Run], Awaitable[None]]]:
         bench_demand,
         bench_exec,
         bench_shared,
+        bench_stdin,
     ]
     return dict(zip(SECTION_NAMES, found, strict=True))
 

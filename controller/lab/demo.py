@@ -51,6 +51,12 @@ class Story:
     console: Console
     log: list[tuple[str, str]] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
+    clock: Callable[[], float] = time.monotonic
+    # When the step being played began: when the one before it had settled.
+    step_began: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.step_began = self.clock()
 
     def say(self, step: str, outcome: str = "…") -> None:
         self.log.append((step, outcome))
@@ -95,21 +101,23 @@ class Story:
     async def settle(
         self, step: str, extra: Callable[[], Awaitable[list[str]]] | None = None
     ) -> bool:
-        """Wait until the invariants hold (bounded); record the outcome of the step."""
+        """Wait until the invariants hold (bounded); record the outcome of the step and
+        how long it took, its action (played since the step before settled) included."""
         self.say(step)
         deadline = time.monotonic() + SETTLE_SECONDS
-        started = time.monotonic()
         while True:
             pools, jobs = await self.snapshot()
             violations = check_invariants(pools, jobs)
             if extra is not None:
                 violations += await extra()
             if not violations:
-                self.log[-1] = (step, f"ok in {time.monotonic() - started:.1f} s")
+                self.log[-1] = (step, f"ok in {self.clock() - self.step_began:.1f} s")
+                self.step_began = self.clock()
                 return True
             if time.monotonic() > deadline:
                 self.log[-1] = (step, "invariants violated: " + "; ".join(violations))
                 self.violations += [f"{step}: {v}" for v in violations]
+                self.step_began = self.clock()
                 return False
             await asyncio.sleep(0.25)
 

@@ -272,6 +272,8 @@ RUNNER = "/runners/{runnerId}"
 NOMAD = "Nomad is unavailable, or another failure (errorCode says which)"
 GONE = "no such claimed runner (abstract manager wrapped: no runner found with this id)"
 TOO_LARGE = "the body is too large"
+# Poseidon's router takes digits only for an environment's ID: -1 or 1.5 is no route.
+NOT_DIGITS = "or an ID that is not digits: no such route (as Poseidon's router)"
 
 ROUTES: Final = (
     PoseidonRoute("GET", "/health", "poseidonHealth", "health", health, needs_token=False,
@@ -288,21 +290,24 @@ ROUTES: Final = (
     PoseidonRoute("GET", ENVIRONMENT, "poseidonGetEnvironment", "one environment",
                   get_environment, query=("fetch",),
                   answers={200: "the environment", 400: "an ID or fetch that cannot be read",
-                           404: "no such environment",
+                           404: "no such environment, " + NOT_DIGITS,
                            500: "reading the managed environments failed"},
                   empty=frozenset({404})),
     PoseidonRoute("PUT", ENVIRONMENT, "poseidonPutEnvironment",
                   "create or replace an environment (managed), or check one (readonly)",
                   put_environment, body=ENVIRONMENT_REQUEST,
                   answers={201: "created", 204: "replaced, or as the pool says",
-                           400: "a body or ID that cannot be read, or no valid pool",
+                           400: "a body or ID that cannot be read, or no valid pool (managed: "
+                                "exposedPorts need networkAccess)",
+                           404: NOT_DIGITS.removeprefix("or "),
                            409: "the environment is a pool of the files or resources, or "
                                 "read-only here", 413: TOO_LARGE,
-                           500: "writing the environment failed"}),
+                           500: "writing the environment failed"},
+                  empty=frozenset({404})),
     PoseidonRoute("DELETE", ENVIRONMENT, "poseidonDeleteEnvironment",
                   "delete a managed environment", delete_environment,
                   answers={204: "deleted", 400: "an ID that cannot be read",
-                           404: "no such managed environment",
+                           404: "no such managed environment, " + NOT_DIGITS,
                            409: "the environment is a pool of the files or resources",
                            500: "deleting the environment failed"},
                   empty=frozenset({404})),

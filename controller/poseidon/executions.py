@@ -98,7 +98,10 @@ async def _client_frames(ws: web.WebSocketResponse, execution: Execution) -> Non
         if message.type is WSMsgType.BINARY:
             forwarding = False
         elif message.type is WSMsgType.TEXT and forwarding:
-            execution.input.put_nowait(message.data.encode())
+            data = message.data.encode()
+            del message  # while `put` waits, the frame is held once, as bytes
+            # Waits while the command has not taken what it was sent (executions/stdin.py).
+            await execution.input.put(data)
     execution.cancel()
 
 

@@ -10,6 +10,7 @@ from typing import Any, Final
 from controller.core.gojson import GO_BOOLS, GoSlice, GoStruct, json_schema
 from controller.executions.commands import BELOW_PATTERN, ENV_NAME_PATTERN
 from controller.executions.streaming import UPGRADE_HEADERS
+from controller.model import INT32_MAX
 from controller.poseidon.app import ROUTES, TOKEN_HEADER, PoseidonRoute
 from controller.poseidon.context import PREFIX
 from controller.poseidon.executions import FORBIDDEN_CHARACTER
@@ -21,19 +22,28 @@ _INT64_MAX = (1 << 63) - 1
 
 # What the facade refuses of values Go's types take (400), by struct and field.
 _REFUSED: Final[dict[str, dict[str, Any]]] = {
+    # What a pool needs of an environment (model.py's runner): managed, less is 400;
+    # read-only, it does not match a pool (409).
+    "dto.ExecutionEnvironmentRequest": {
+        "image": {"type": "string", "minLength": 1},
+        "cpuLimit": {"type": "integer", "minimum": 1, "maximum": INT32_MAX},
+        "memoryLimit": {"type": "integer", "minimum": 10, "maximum": INT32_MAX},
+        "exposedPorts": {"items": {"type": "integer", "minimum": 1, "maximum": 65535}},
+    },
     "dto.RunnerRequest": {"inactivityTimeout": {"minimum": 0}},
     "dto.ExecutionRequest": {
         "command": {"pattern": f"^[^{FORBIDDEN_CHARACTER}]*$"},
         "timeLimit": {"minimum": 0},
         "environment": {
-            "patternProperties": {ENV_NAME_PATTERN: {"type": "string"}},
+            "patternProperties": {ENV_NAME_PATTERN: {"type": ["string", "null"]}},
             "additionalProperties": False,
         },
     },
+    # Paths the facade refuses empty (as null makes them).
     "dto.UpdateFileSystemRequest": {
         "delete": {"items": {"type": "string", "pattern": BELOW_PATTERN}}
     },
-    "dto.File": {"path": {"pattern": BELOW_PATTERN}},
+    "dto.File": {"path": {"type": "string", "pattern": BELOW_PATTERN}},
 }
 
 _STRING = {"type": "string"}
@@ -167,18 +177,23 @@ _PATH_PARAMETERS: Final[dict[str, dict[str, Any]]] = {
 
 
 def request_schema(struct: GoStruct) -> dict[str, Any]:
-    """A request body: what Go decodes into `struct`, less what the facade refuses."""
+    """A request body: what Go decodes into `struct` (null, anywhere, as Go's zero
+    value), less what the facade refuses."""
     schema = json_schema(struct)
     _narrow(schema, struct)
     return schema
 
 
 # Fields without which the facade refuses a struct (Go would decode them as "").
-_REQUIRED: Final[dict[str, list[str]]] = {"dto.File": ["path"]}
+_REQUIRED: Final[dict[str, list[str]]] = {
+    "dto.File": ["path"],
+    "dto.ExecutionEnvironmentRequest": ["image", "cpuLimit", "memoryLimit"],
+}
 
 
 def _narrow(schema: dict[str, Any], struct: GoStruct) -> None:
-    if struct.name in _REQUIRED:
+    if struct.name in _REQUIRED:  # its zero value is refused: null is too
+        schema["type"] = "object"
         schema["required"] = _REQUIRED[struct.name]
     for name, kind in struct.fields.items():
         field = schema["properties"][name]
@@ -200,7 +215,7 @@ def _answer(route: PoseidonRoute, status: int, description: str) -> dict[str, An
             if body is not None
             else {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
         )
-    elif status >= 400 and status not in route.empty:
+    elif status >= 400 and status not in route.empty and status != 401:
         answer["content"] = _json("PoseidonError")
     return answer
 

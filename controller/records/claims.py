@@ -153,10 +153,6 @@ class ClaimStore:
         )
         return list({meta["Path"]: meta for metas in lists for meta in metas}.values())
 
-    def forget_namespaces(self) -> None:
-        """Drop what was cached (a passive replica hands its pools to another process)."""
-        self._caches.clear()
-
     # -- request records -----------------------------------------------------------------
 
     async def create_request(

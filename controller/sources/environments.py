@@ -242,10 +242,8 @@ class EnvironmentStore:
     """The managed environments: kept in Nomad, registered with the engine as pools (in a
     reconciling process: `engine`; the API tier gives none and registers nothing).
 
-    `active` says whether this process registers pools at all (a passive operator replica
-    does not); registration is level-triggered, so a replica that becomes active
-    registers every environment on its next refresh. `on_written` hears of every put and
-    delete (the API tier tells the reconcilers to read the environments again).
+    `on_written` hears of every put and delete (the API tier tells the reconcilers to read
+    the environments again).
     """
 
     def __init__(
@@ -254,13 +252,11 @@ class EnvironmentStore:
         template: EnvironmentTemplate,
         engine: Registrar | None,
         *,
-        active: Callable[[], bool] = lambda: True,
         on_written: Callable[[], None] = lambda: None,
     ) -> None:
         self._records = records
         self.template = template
         self._engine = engine
-        self._active = active
         self._on_written = on_written
         self._stored: dict[int, _Stored] = {}
         self._lock = asyncio.Lock()  # a refresh never applies a read older than a write
@@ -394,7 +390,7 @@ class EnvironmentStore:
 
     def _register(self) -> None:
         """Make the engine hold each environment's pool as it is now."""
-        if self._engine is None or not self._active():
+        if self._engine is None:
             return
         for stored in self._stored.values():
             pool = stored.pool
@@ -418,12 +414,7 @@ class EnvironmentStore:
         pool = stored.pool
         if pool is not None:
             self._gone.add(pool.key)
-        if (
-            self._engine is not None
-            and pool is not None
-            and pool.key in self._registered
-            and self._active()
-        ):
+        if self._engine is not None and pool is not None and pool.key in self._registered:
             log.info("Poseidon environment removed: draining pool %s", pool.key)
             self._engine.remove_pool(pool.key, *removal(pool, self._engine.clock()))
             self._registered.discard(pool.key)

@@ -106,3 +106,23 @@ async def test_status_command_shows_pools_and_claims(harness: Harness, tmp_path)
     assert await asyncio.to_thread(status_command.main, args) == 0
     bad = argparse.Namespace(url=controller.url, token_file=None, watch=False)
     assert await asyncio.to_thread(status_command.main, bad) == 1
+
+
+async def test_status_through_a_pipe_is_not_cut_to_80_columns(
+    harness: Harness, tmp_path, capsys: pytest.CaptureFixture[str], monkeypatch
+):
+    """Through a pipe (here pytest's capture) nothing tells the width: every cell is
+    printed whole, as a script reading it needs."""
+    name = "a-pool-with-a-rather-long-name-for-the-status-table"
+    controller = await harness.start(write_pools(tmp_path / "p.yaml", pool_doc(name, idle=1)))
+    await harness.settled(controller)
+    _, claim = await harness.api(
+        controller, "POST", f"/v1/pools/default/{name}/claims", {"requestId": "r" * 40}
+    )
+    args = argparse.Namespace(url=controller.url, token_file=None, watch=False)
+    monkeypatch.setenv("POOLKEEPER_TOKEN", TOKEN)
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert await asyncio.to_thread(status_command.main, args) == 0
+    out = capsys.readouterr().out
+    assert f"default/{name}" in out and claim["runnerId"] in out and "r" * 40 in out, out
+    assert "…" not in out, out

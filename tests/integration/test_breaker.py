@@ -118,3 +118,31 @@ async def test_failing_starts_open_the_breaker_with_nomads_reason_and_it_closes(
     # The next probe, at most the breaker's pause later, starts and closes it.
     await wait_until(closed, within=30, what="the breaker to close once starts succeed")
     await harness.settled(controller)
+
+
+async def test_a_pool_in_a_nomad_namespace_that_does_not_exist_says_so(
+    harness: Harness, tmp_path: Path
+) -> None:
+    # Nomad refuses a job in a namespace it does not have (500 `job "…" is in
+    # nonexistent namespace "…"`), and so does the simulator: the pool's registrations
+    # are refused, which opens its breaker with Nomad's words, until the namespace exists.
+    nomad = {"namespace": "nowhere"}
+    pools = write_pools(tmp_path / "p.yaml", pool_doc("py", idle=2, maxRunners=12, nomad=nomad))
+    controller = await harness.start(pools, resync_seconds=0.5)
+
+    async def is_open() -> bool:
+        await controller.engine.reconcile_namespace("nowhere")
+        return degraded(controller)[:2] == ("True", "CircuitOpen")
+
+    await wait_until(is_open, what="the breaker to open")
+    message = degraded(controller)[2]
+    assert 'is in nonexistent namespace "nowhere"' in message, message
+    assert harness.sim.job_list("nowhere") == []
+    harness.sim.namespace_registry.upsert({"Name": "nowhere"})
+
+    async def filled() -> bool:
+        await controller.engine.reconcile_namespace("nowhere")
+        idle = [r for r in controller.engine.pools[KEY].runners if r.state is RunnerState.IDLE]
+        return degraded(controller)[0] == "False" and len(idle) == 2
+
+    await wait_until(filled, within=30, what="the pool to fill once the namespace exists")

@@ -16,8 +16,19 @@ import aiohttp
 import pytest
 
 from controller.lab.simulator import Simulator
+from tests.support.crafted_tars import CRAFTED_ACCEPTED, CRAFTED_REFUSED, extracted
 from tests.support.documents import pool_doc
-from tests.support.tars import directory, file, hardlink, member, symlink, tar_of
+from tests.support.tars import (
+    END,
+    directory,
+    file,
+    hardlink,
+    header,
+    member,
+    raw_file,
+    symlink,
+    tar_of,
+)
 from tests.support.waiting import wait_until
 
 from .conftest import TOKEN, Harness, write_pools
@@ -179,6 +190,53 @@ async def test_a_path_out_of_the_working_dir_is_400_and_writes_nothing(
     assert (status, answer["error"]["code"]) == (400, "InvalidRequest"), answer
     assert tree(runner.alloc_dir()) == before
     assert runner.claim_index() == index  # not even the claim was written
+
+
+async def test_a_corrupt_header_hides_nothing_from_the_check(
+    runner: Runner, tmp_path: Path
+) -> None:
+    """A good member, a block with a bad checksum, then what the check must not miss:
+    a setuid file, a FIFO and a link out of the runner. GNU tar would skip the bad block
+    and extract the rest; the upload is refused whole, nothing of it is written, and
+    later uploads through the link's name stay inside."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    archive = (
+        raw_file(b"good.txt")
+        + header(b"junk", checksum_off_by=1)
+        + raw_file(b"suid", b"#!/bin/sh\n", mode=0o4755)
+        + header(b"fifo", tarfile.FIFOTYPE)
+        + header(b"l9", tarfile.SYMTYPE, link=str(outside).encode())
+        + END
+    )
+    before = tree(runner.alloc_dir())
+    status, answer = await put_raw(runner, archive, TAR)
+    assert (status, answer["error"]["code"]) == (400, "InvalidRequest"), answer
+    assert "bad checksum" in answer["error"]["message"], answer
+    assert tree(runner.alloc_dir()) == before
+    status, answer = await runner.api("PUT", "/files", {"files": [{"path": "l9/x", "content": ""}]})
+    assert status == 204, answer
+    status, answer = await put_raw(runner, tar_of(file("l9/y")), TAR)
+    assert status == 204, answer
+    assert not list(outside.iterdir())
+    assert (runner.task_dir() / "l9").is_dir() and not (runner.task_dir() / "l9").is_symlink()
+
+
+async def test_crafted_archives_are_refused_whole_or_extracted_as_checked(
+    runner: Runner,
+) -> None:
+    """The crafted archives of the unit tests, through the API into a real runner: each
+    refused one writes nothing; each accepted one lands as the check read it."""
+    for what, body, problem in CRAFTED_REFUSED:
+        before = tree(runner.alloc_dir())
+        status, answer = await put_raw(runner, body, TAR)
+        assert (status, answer["error"]["code"]) == (400, "InvalidRequest"), (what, answer)
+        assert problem in answer["error"]["message"], (what, answer)
+        assert tree(runner.alloc_dir()) == before, what
+    for index, (what, body, expected) in enumerate(CRAFTED_ACCEPTED):
+        status, answer = await put_raw(runner, body, TAR, path=f"case{index}")
+        assert status == 204, (what, answer)
+        assert extracted(runner.task_dir() / f"case{index}") == expected, what
 
 
 async def test_a_tar_target_out_of_the_working_dir_is_400(runner: Runner) -> None:

@@ -220,14 +220,16 @@ async def test_insecure_no_auth_warns(
         await controller.stop()
 
 
-def test_a_port_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", ["run", "api"])
+def test_a_port_in_use_is_one_line_and_exit_2(tmp_path: Path, command: str) -> None:
     pools = write_pools(tmp_path / "p.yaml", pool_doc("a", idle=1))
+    arguments = ["--pools", str(pools)] if command == "run" else []
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
         result = subprocess.run(
-            [sys.executable, "-m", "controller", "run", "--pools", str(pools),
+            [sys.executable, "-m", "controller", command, *arguments,
              "--insecure-no-auth", "--listen", f"127.0.0.1:{port}"],
             env={**os.environ, "NOMAD_ADDR": "http://127.0.0.1:1"},
             capture_output=True,
@@ -235,5 +237,5 @@ def test_a_port_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
             timeout=60,
         )  # fmt: skip
     assert result.returncode == 2
-    expected = f"poolkeeper run: --listen 127.0.0.1:{port}: Address already in use"
+    expected = f"poolkeeper {command}: --listen 127.0.0.1:{port}: Address already in use"
     assert result.stderr.splitlines() == [expected], result.stderr

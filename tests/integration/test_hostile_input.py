@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import re
 import time
 from collections.abc import AsyncIterator
@@ -30,11 +31,11 @@ from controller.api_tier import ApiTier
 from controller.core.paths import RECONCILER_RECORDS
 from controller.lab.simulator import Simulator
 from controller.standalone import Controller
-from tests.support.documents import pool_doc
 from tests.support.fuzzing import against_live_service
 from tests.support.waiting import wait_until
 
 from .conftest import TOKEN, Harness, write_pools
+from .test_poseidon import READONLY, environment_pool
 
 
 class Sending(TypedDict, total=False):
@@ -47,6 +48,7 @@ class Sending(TypedDict, total=False):
 
 
 POOL_PATH = "/v1/pools/default/py/claims"
+POSEIDON_ENVIRONMENT = 10
 METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]
 TRACEBACK = re.compile(r"Traceback|File \"|\.py\", line")
 
@@ -146,10 +148,14 @@ async def api(
 ) -> AsyncIterator[Api]:
     """The API of one process that also reconciles, or of an API replica beside it: both
     reject the same way."""
-    pools = write_pools(tmp_path / "pools.yaml", pool_doc("py", idle=2, maxRunners=200))
-    controller = await harness.start(pools)
+    pool = environment_pool("py", POSEIDON_ENVIRONMENT, idle=2, maxRunners=200)
+    controller = await harness.start(write_pools(tmp_path / "pools.yaml", pool), poseidon=READONLY)
     await harness.settled(controller)
-    server = controller if request.param == "one process" else await harness.start_api_tier()
+    server = (
+        controller
+        if request.param == "one process"
+        else await harness.start_api_tier(poseidon=READONLY)
+    )
     status, openapi = await harness.api(server, "GET", "/openapi.json", token=None)
     assert status == 200
     client = Api(harness, server, openapi)
@@ -318,6 +324,49 @@ async def test_deeply_nested_json_is_400(api: Api, depth: int) -> None:
     assert status == 400, text
 
 
+# JSON that Python's parser does not take as Go's does, or at all.
+HOSTILE_JSON = {
+    "nesting 3,000 deep": "[" * 3_000 + "]" * 3_000,
+    "nesting 20,000 deep": "[" * 20_000 + "]" * 20_000,
+    "objects nesting 3,000 deep": '{"a":' * 3_000 + "1" + "}" * 3_000,
+    "an integer of 4,301 digits": "1" + "0" * 4_300,
+    "a negative integer of 5,000 digits": "-" + "9" * 5_000,
+    "a number with 400 exponent digits": "1e" + "9" * 400,
+    "a lone surrogate": '"a\\ud800"',
+    "lone surrogates in a list": '["\\udc00", "x\\ud800"]',
+    "an object keyed by a lone surrogate": '{"\\ud800": "\\udfff"}',
+}
+# The JSON routes of both APIs that need no runner, and their fields (x: unknown).
+JSON_ROUTES = [
+    ("POST", POOL_PATH, ["requestId", "inactivityTimeoutSeconds", "waitSeconds", "x"]),
+    ("POST", "/api/v1/runners", ["executionEnvironmentId", "inactivityTimeout", "x"]),
+    (
+        "PUT",
+        f"/api/v1/execution-environments/{POSEIDON_ENVIRONMENT}",
+        ["prewarmingPoolSize", "image", "exposedPorts", "x"],
+    ),
+]
+PYTHON_ERRORS = re.compile(r"\b\w*(Error|Exception)\b|int_max_str_digits")
+
+
+async def test_hostile_json_is_never_a_server_error_on_either_api(api: Api) -> None:
+    """Deep nesting, huge numbers and lone surrogates, as the whole body and in every
+    field: /v1 refuses them (400); Poseidon's API answers as Go's decoder reads them
+    (its 10,000 levels, a number's text in its errors, U+FFFD for a lone surrogate)."""
+    headers = {"Content-Type": "application/json", "Poseidon-Token": TOKEN}
+    for method, path, fields in JSON_ROUTES:
+        for what, value in HOSTILE_JSON.items():
+            for body in [value, *(f'{{"{field}": {value}}}' for field in fields)]:
+                status, text = await api.check(
+                    method, path, body=body.encode(), headers=headers, json_errors=False
+                )
+                where = (method, path, what, body[:60], status, text[:300])
+                assert status < 500, where
+                assert not PYTHON_ERRORS.search(text), where
+                if path.startswith("/v1"):
+                    assert status == 400, where
+
+
 @pytest.mark.parametrize("size", [MAX_BODY_BYTES + 1, 4 * 1024 * 1024])
 async def test_oversized_bodies_are_413(api: Api, size: int) -> None:
     body = b'{"requestId": "' + b"a" * size + b'"}'
@@ -335,6 +384,47 @@ async def test_oversized_headers_are_refused(api: Api) -> None:
     assert 400 <= status < 500
     status, _ = await api.check("GET", "/v1/runners/" + "a" * 20_000, json_errors=False)
     assert 400 <= status < 500
+
+
+# Requests aiohttp cannot parse, each answered 4xx before the application sees it.
+MALFORMED_REQUESTS = [
+    b"GET /v1/pools HTTP/1.1\r\nHost: x\r\nX-Padding: " + b"a" * 20_000 + b"\r\n\r\n",
+    b"GET /v1/pools HTTP/1.1\r\nHost: x\r\n" + b"X-Many: 1\r\n" * 200 + b"\r\n",
+    b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"POST /v1/claims HTTP/1.1\r\nHost: x\r\nContent-Length: ten\r\n\r\n",
+    b"GET /v1/pools HTTP/1.1\r\nHost: x\r\nBad Header: 1\r\n\r\n",
+    b"GET /v1/pools HTTP/9.9\r\nHost: x\r\n\r\n",
+]
+
+
+async def _answer_to(api: Api, raw: bytes) -> bytes:
+    host, port = api.controller.url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(raw)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(200), 10)
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+
+
+async def test_malformed_requests_are_brief_lines_not_tracebacks(
+    api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Anyone who can connect can send these: each is refused, and the log says so in a
+    line at most a second, never with a traceback or at ERROR."""
+    caplog.set_level(logging.INFO)
+    await asyncio.sleep(1.1)  # the second in which an earlier test's line came is over
+    for _ in range(5):
+        for raw in MALFORMED_REQUESTS:
+            answer = await _answer_to(api, raw)
+            assert answer.startswith((b"HTTP/1.1 4", b"HTTP/1.0 4")), (raw[:60], answer)
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+    assert not loud, [(r.name, r.levelname, r.getMessage()) for r in loud]
+    lines = [r.getMessage() for r in caplog.records if "malformed request" in r.getMessage()]
+    assert 1 <= len(lines) <= 3, lines  # 30 requests within a second or two
 
 
 # ---- auth ------------------------------------------------------------------------------

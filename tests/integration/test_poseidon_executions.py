@@ -326,6 +326,32 @@ async def test_inactivity_is_reset_by_starts_and_file_requests_not_by_execute(
     assert (gone_runner.status, gone_runner.body) == (410, NO_RUNNER)
 
 
+async def test_lone_surrogates_are_u_fffd_as_go_decodes_them(
+    harness: Harness, session: Session
+) -> None:
+    """Poseidon's Go decoder makes U+FFFD of an escaped surrogate that is not half of a
+    pair: paths, deletes, commands and environments carry it as any other character."""
+    codeocean = session.codeocean
+    copied = await codeocean.call(
+        "PATCH",
+        session.path + "/files",
+        raw=b'{"delete": ["gone\\udc00"], "copy": [{"path": "a\\ud800.txt", "content": "aGk="}]}',
+    )
+    assert copied.status == 204, copied
+    assert (task_dir(harness, session.runner_id) / "a\ufffd.txt").read_bytes() == b"hi"
+    executed = await codeocean.call(
+        "POST",
+        session.path + "/execute",
+        raw=b'{"command": "echo x\\ud800y; printenv V", "environment": {"V": "\\udfff"}}',
+    )
+    assert executed.status == 200, executed
+    url = executed.json()["websocketUrl"]
+    async with await Stream.open(url, headers={"Poseidon-Token": TOKEN}) as stream:
+        await started(stream)
+        assert await stream.to_end() == {"type": "exit", "data": 0}
+        assert stream.output() == "x\ufffdy\r\n\ufffd\r\n"
+
+
 async def test_bad_input_on_runner_routes_is_answered_as_poseidon_answers_it(
     session: Session,
 ) -> None:

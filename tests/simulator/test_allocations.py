@@ -90,7 +90,20 @@ async def test_pagination_prefix_and_namespace(client: Client, sim: Simulator) -
     assert len(all_ns) == 3
 
 
+async def test_a_table_never_written_answers_index_0(client: Client) -> None:
+    # As Nomad's state store: the index of what was read, 0 before the first write, and a
+    # query with index=0 does not block.
+    for path in ("/v1/allocations", "/v1/evaluations", "/v1/jobs", "/v1/deployments"):
+        status, body, headers = await client.get(path, index=0, wait="5s")
+        assert (status, body, headers["X-Nomad-Index"]) == (200, [], "0"), path
+    for path in ("/v1/job/nope/allocations", "/v1/job/nope/evaluations"):
+        assert (await client.get(path))[2]["X-Nomad-Index"] == "0", path
+    assert (await client.get("/v1/evaluation/nope/allocations"))[2]["X-Nomad-Index"] == "0"
+
+
 async def test_blocking_query_wakes_on_change(client: Client, sim: Simulator) -> None:
+    await client.register(service_job("first"))
+    await wait_until(lambda: [a["ClientStatus"] for a in sim.allocs.values()] == ["running"])
     _, _, headers = await client.get("/v1/allocations")
     index = int(headers["X-Nomad-Index"])
     loop = asyncio.get_running_loop()
@@ -100,16 +113,19 @@ async def test_blocking_query_wakes_on_change(client: Client, sim: Simulator) ->
     assert not waiter.done()
     await client.register(service_job("wake"))
     status, allocs, headers = await asyncio.wait_for(waiter, 3)
-    assert status == 200 and len(allocs) == 1
+    assert status == 200 and len(allocs) == 2
     assert int(headers["X-Nomad-Index"]) > index
     assert loop.time() - started < 2
 
 
-async def test_blocking_query_times_out_with_current_index(client: Client) -> None:
+async def test_blocking_query_times_out_with_current_index(client: Client, sim: Simulator) -> None:
+    await client.register(service_job("only"))
+    await wait_until(lambda: [a["ClientStatus"] for a in sim.allocs.values()] == ["running"])
     _, _, headers = await client.get("/v1/jobs")
     index = int(headers["X-Nomad-Index"])
+    assert index > 0
     status, body, headers = await client.get("/v1/jobs", index=index, wait="50ms")
-    assert status == 200 and body == [] and int(headers["X-Nomad-Index"]) == index
+    assert status == 200 and len(body) == 1 and int(headers["X-Nomad-Index"]) == index
 
 
 async def test_bad_index_and_wait(client: Client) -> None:
@@ -129,7 +145,10 @@ async def test_node_allocations_are_full(client: Client, sim: Simulator) -> None
     node_id = sim.allocations("n")[0]["NodeID"]
     status, allocs, _ = await client.get(f"/v1/node/{node_id}/allocations")
     assert status == 200 and allocs[0]["Job"]["ID"] == "n" and "NextAllocation" not in allocs[0]
-    assert (await client.get("/v1/node/nope/allocations"))[:2] == (404, "node not found")
+    # Nomad lists an unknown node's allocations as those of a node without any.
+    status, allocs, headers = await client.get("/v1/node/nope/allocations")
+    assert (status, allocs) == (200, [])
+    assert headers["X-Nomad-Index"] == str(sim.table_index["allocs"])
 
 
 async def test_alloc_stop_migrates(client: Client, sim: Simulator) -> None:
@@ -165,3 +184,60 @@ async def test_no_fit_blocks_then_places(client: Client, sim: Simulator) -> None
     assert blocked["Status"] == "complete" and not sim.blocked
     _, summary, _ = await client.get("/v1/job/big/summary")
     assert summary["Summary"]["g"]["Queued"] == 0
+
+
+async def test_a_paused_broker_holds_evals_and_lets_them_be_deleted(
+    client: Client, sim: Simulator
+) -> None:
+    _, config, _ = await client.get("/v1/operator/scheduler/configuration")
+    settings = {**config["SchedulerConfig"], "PauseEvalBroker": True}
+    body = {"EvalIDs": ["8e231cf4-ca48-43ff-b694-5801e69e22fa"]}
+    status, text, _ = await client.call("DELETE", "/v1/evaluations", body)
+    assert (status, text) == (
+        500,
+        "eval broker is enabled; eval broker must be paused to delete evals",
+    )
+    stale = config["SchedulerConfig"]["ModifyIndex"] + 99
+    assert (await client.put("/v1/operator/scheduler/configuration", settings, cas=stale))[1][
+        "Updated"
+    ] is False
+    assert (await client.put("/v1/operator/scheduler/configuration", settings))[1]["Updated"]
+    out = await client.register(service_job("held"))
+    await asyncio.sleep(0.05)
+    assert sim.evals[out["EvalID"]]["Status"] == "pending" and sim.allocations("held") == []
+    status, text, _ = await client.call("DELETE", "/v1/evaluations", body)
+    assert (status, text) == (500, "eval not found")
+    status, deleted, _ = await client.call(
+        "DELETE", "/v1/evaluations", {"EvalIDs": [out["EvalID"]]}
+    )
+    assert status == 200 and deleted["Count"] == 1 and out["EvalID"] not in sim.evals
+    # Resumed, the broker processes what waits in it.
+    await client.register(service_job("held", count=2))
+    settings["PauseEvalBroker"] = False
+    await client.put("/v1/operator/scheduler/configuration", settings)
+    await wait_until(lambda: len(sim.allocations("held")) == 2)
+
+
+async def test_an_operator_fails_pauses_and_resumes_a_deployment(
+    client: Client, sim: Simulator
+) -> None:
+    sim.no_capacity(True)  # the deployment stays running: nothing finds room
+    await client.register(service_job("dep"))
+    await wait_until(lambda: len(sim.deployments) == 1)
+    (dep_id,) = sim.deployments
+    pause = {"DeploymentID": dep_id, "Pause": True}
+    status, out, _ = await client.post(f"/v1/deployment/pause/{dep_id}", pause)
+    assert status == 200 and out["EvalID"] == ""  # a pause creates no eval
+    assert sim.deployments[dep_id]["Status"] == "paused"
+    status, out, _ = await client.post(f"/v1/deployment/pause/{dep_id}", {**pause, "Pause": False})
+    assert out["EvalID"] and sim.deployments[dep_id]["Status"] == "running"
+    assert (await client.post(f"/v1/deployment/fail/{dep_id}"))[0] == 200
+    assert sim.deployments[dep_id]["StatusDescription"] == "Deployment marked as failed"
+    assert (await client.post(f"/v1/deployment/fail/{dep_id}"))[:2] == (
+        500,
+        "can't fail terminal deployment",
+    )
+    assert (await client.post(f"/v1/deployment/pause/{dep_id}", {"DeploymentID": "x"}))[:2] == (
+        400,
+        "Deployment ID does not match",
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -90,6 +91,7 @@ async def test_namespace_filter(
 ) -> None:
     default_only = await open_stream(topic="Job", after=sim.index)
     every = await open_stream(topic="Job", namespace="*", after=sim.index)
+    await client.put("/v1/namespace/team", {"Name": "team"})
     await client.call("PUT", "/v1/jobs", {"Job": service_job("x")}, namespace="team")
     await client.register(service_job("y"))
     seen: dict[str, str] = {}
@@ -106,9 +108,10 @@ async def test_index_semantics(
         await client.register(service_job(f"i{i}", count=0))
     await wait_until(lambda: all(j["Status"] == "dead" for j in sim.job_list()))
     job_indexes = [j["JobModifyIndex"] for j in sim.job_list()]
-    # index=0: the oldest buffered item (the node registrations at index 1..3)
+    # index=0: the oldest buffered item (the node registrations at index 2..4, after the
+    # default namespace, which has no event)
     frame = await (await open_stream(index=0)).next()
-    assert frame["Index"] == 1
+    assert frame["Index"] == 2
     # a buffered index starts inclusive of it
     frame = await (await open_stream(topic="Job", index=job_indexes[1])).next()
     assert frame["Index"] == job_indexes[1] and frame["Events"][0]["Key"] == "i1"
@@ -134,4 +137,49 @@ async def test_index_older_than_buffer_starts_at_oldest(
 
 async def test_bad_topic_is_400(client: Client) -> None:
     status, text, _ = await client.get("/v1/event/stream", topic="Job:a:b")
-    assert (status, text) == (400, "Invalid topic query: Job:a:b")
+    assert (status, text) == (
+        400,
+        "Invalid topic query: error parsing topics: "
+        "Invalid key value pair for topic, topic: Job:a:b",
+    )
+
+
+async def test_a_first_eval_that_cannot_place_writes_three_frames(
+    client: Client, sim: Simulator, open_stream: Callable[..., Any]
+) -> None:
+    # As Nomad's scheduler: the plan (here only the service job's deployment), then the
+    # blocked eval (with the failed placements), then the eval's own completion.
+    sim.no_capacity(True)
+    stream = await open_stream(topic=["Evaluation", "Deployment"], after=sim.index)
+    out = await client.register(service_job("full"))
+    frames = [await stream.next() for _ in range(4)]
+    kinds = [[(e["Topic"], e["Type"]) for e in f["Events"]] for f in frames]
+    assert kinds == [
+        [("Evaluation", "JobRegistered")],
+        [("Deployment", "PlanResult")],
+        [("Evaluation", "EvaluationUpdated")],
+        [("Evaluation", "EvaluationUpdated")],
+    ]
+    blocked = frames[2]["Events"][0]["Payload"]["Evaluation"]
+    first = frames[3]["Events"][0]["Payload"]["Evaluation"]
+    assert (blocked["Status"], blocked["TriggeredBy"]) == ("blocked", "queued-allocs")
+    assert blocked["FailedTGAllocs"]["g"]["CoalescedFailures"] == 0
+    assert (first["ID"], first["Status"], first["BlockedEval"]) == (
+        out["EvalID"],
+        "complete",
+        blocked["ID"],
+    )
+    assert [f["Index"] for f in frames[1:]] == sorted({f["Index"] for f in frames[1:]})
+
+
+async def test_a_stopping_agent_ends_its_streams_cleanly(
+    sim: Simulator, open_stream: Callable[..., Any], server: Any
+) -> None:
+    # The body ends (the client reads EOF), as when Nomad's agent shuts down; a cut
+    # connection is the disconnect_event_streams fault.
+    stream = await open_stream(after=sim.index)
+    assert await stream.next(heartbeats=True) == {}
+    sim.broker.close()
+    # What is left is read to its end without a payload error (which a cut would raise).
+    await asyncio.wait_for(stream.resp.content.read(), 3)
+    assert stream.resp.content.at_eof()

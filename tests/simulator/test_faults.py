@@ -338,9 +338,10 @@ async def test_lose_state_forgets_jobs_and_variables_and_restarts_the_index(
     assert (await client.get("/v1/vars"))[1] == []
     renewed = await client.put(lease, {"Lock": {"ID": held["Lock"]["ID"]}}, **{"lock-renew": ""})
     assert renewed[:2] == (404, "variable doesn't exist")
-    # Each client registered its node again, at the restarted index, with no drain.
+    # The default namespace is written again, then each client registers its node, at the
+    # restarted index, with no drain.
     _, nodes, headers = await client.get("/v1/nodes")
-    assert sim.index == len(nodes) == 3 < before and int(headers["X-Nomad-Index"]) == 3
+    assert sim.index == len(nodes) + 1 == 4 < before and int(headers["X-Nomad-Index"]) == 4
     assert {(n["Drain"], n["SchedulingEligibility"]) for n in nodes} == {(False, "eligible")}
     with pytest.raises((EOFError, aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError)):
         await stream.next(limit=2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import time
@@ -12,10 +13,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from controller.lab.simulator import SimServer, Simulator, start_sim
+from controller.lab.simulator import SimServer, Simulator, sandbox, start_sim
 from controller.lab.simulator.allocfs import go_file_mode, go_time, sniff
-from tests.simulator.conftest import START_DELAY, Client
+from tests.simulator.conftest import START_DELAY, Client, service_job
 from tests.simulator.exec_support import exists, running_alloc
+from tests.support.waiting import wait_until
 
 MODTIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?(Z|[+-]\d\d:\d\d)$")
 UNTRUSTED = {
@@ -280,18 +282,56 @@ async def test_which_allocation(client: Client, sim: Simulator, alloc_id: str) -
             400,
             "must provide a valid alloc id",
         )
-    assert (await fs_get(client, "logs", alloc_id))[:2] == (404, "Invalid method")
+    assert (await fs_get(client, "logs", alloc_id))[:2] == (500, "must provide task name")
+    assert (await fs_get(client, "nope", alloc_id))[:2] == (404, "Invalid method")
     assert (await client.get("/v1/client/fs/ls"))[:2] == (404, "Invalid method")
 
 
-async def test_a_stopped_allocation_has_no_directory(
-    client: Client, sim: Simulator, alloc_id: str, root: Path
+async def test_a_stopped_allocation_keeps_its_directory_until_collected(
+    client: Client, sim: Simulator, alloc_id: str, root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A client keeps a terminal allocation's directory until its garbage collection: of
+    # a node's terminal allocations, the newest gc_max_allocs (50; 1 here) are kept.
+    monkeypatch.setattr(sandbox, "GC_MAX_ALLOCS", 1)
     await sim.finish_allocation(alloc_id)
+    assert exists(str(root))
+    status, listed, _ = await fs_get(client, "ls", alloc_id, path="main/local")
+    assert status == 200 and "hello.txt" in {f["Name"] for f in listed}
+    node = sim.alloc(alloc_id)["NodeID"]
+    await client.register(service_job("next", count=1))
+    await wait_until(lambda: any(a["ClientStatus"] == "running" for a in sim.allocations("next")))
+    (newer,) = sim.allocations("next")
+    sim.store.allocs[newer["ID"]]["NodeID"] = node  # on the same node, whatever it picked
+    sim.sandboxes.open(newer)
+    await sim.finish_allocation(newer["ID"])
     assert not exists(str(root))
     assert (await fs_get(client, "ls", alloc_id))[:2] == (
         404,
         f'Unknown allocation "{alloc_id}"',
+    )
+
+
+async def test_a_task_log(client: Client, sim: Simulator) -> None:
+    job = service_job("logger", Type="batch")
+    task = job["TaskGroups"][0]["Tasks"][0]
+    task.update(Driver="mock_driver", Config={"stdout_string": "a\n", "stdout_repeat": 2})
+    await client.register(job)
+    await wait_until(lambda: [a["ClientStatus"] for a in sim.allocations("logger")] == ["complete"])
+    alloc_id = sim.allocations("logger")[0]["ID"]
+    status, body, headers = await fs_get(client, "logs", alloc_id, task="main", type="stdout")
+    assert status == 200 and headers["Content-Type"] == "application/json"
+    # Not followed: one frame with all of it, then the end.
+    assert base64.b64decode(body["Data"]) == b"a\na\na\n"
+    assert (body["File"], body["Offset"]) == ("alloc/logs/main.stdout.0", 6)
+    plain = await fs_get(client, "logs", alloc_id, task="main", type="stdout", plain="true")
+    assert plain[:2] == (200, "a\na\na\n")
+    assert (await fs_get(client, "logs", alloc_id, task="main", type="x"))[:2] == (
+        500,
+        "must provide log type (stdout/stderr)",
+    )
+    assert (await fs_get(client, "logs", alloc_id, task="nope", type="stdout"))[:2] == (
+        400,
+        'unknown task name "nope"',
     )
 
 

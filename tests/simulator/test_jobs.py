@@ -48,6 +48,12 @@ async def test_list_pagination_and_namespaces(client: Client) -> None:
     await client.register(
         service_job("other"),
     )
+    # As in Nomad, a job goes only into a namespace that exists.
+    status, text, _ = await client.call(
+        "PUT", "/v1/jobs", {"Job": service_job("x1")}, namespace="team"
+    )
+    assert (status, text) == (500, 'job "x1" is in nonexistent namespace "team"')
+    assert (await client.put("/v1/namespace/team", {"Name": "team"}))[0] == 200
     await client.call("PUT", "/v1/jobs", {"Job": service_job("x1")}, namespace="team")
     _, page, headers = await client.get("/v1/jobs", per_page=2)
     assert [j["ID"] for j in page] == ["j1", "j2"]
@@ -114,9 +120,14 @@ async def test_meta_change_is_destructive(client: Client, sim: Simulator) -> Non
 
 async def test_scale_is_in_place(client: Client, sim: Simulator) -> None:
     await client.register(service_job("sc", count=1))
-    status, out, _ = await client.post(
-        "/v1/job/sc/scale", {"Count": 3, "Target": {"Group": "g"}, "Message": "up"}
+    up = {"Count": 3, "Target": {"Group": "g"}, "Message": "up"}
+    # As in Nomad, not while the job's deployment is active.
+    assert (await client.post("/v1/job/sc/scale", up))[:2] == (
+        400,
+        "job scaling blocked due to active deployment",
     )
+    await wait_until(lambda: [d["Status"] for d in sim.deployments.values()] == ["successful"])
+    status, out, _ = await client.post("/v1/job/sc/scale", up)
     assert status == 200 and "EvalID" in out
     await wait_until(lambda: len(sim.allocations("sc")) == 3)
     names = sorted(a["Name"] for a in sim.allocations("sc"))
@@ -220,8 +231,17 @@ async def test_dispatch_plan_revert_and_versions(client: Client, sim: Simulator)
 
     await client.register(service_job("rv", count=1))
     await client.register(service_job("rv", count=2))
+    await wait_until(lambda: len(sim.allocations("rv")) == 2)
     status, plan, _ = await client.post("/v1/job/rv/plan", {"Job": service_job("rv", count=3)})
-    assert status == 200 and plan["Annotations"]["DesiredTGUpdates"]["g"]["Place"] == 3
+    # The two there are kept, one more is placed; it fits, so no eval would be blocked.
+    updates = plan["Annotations"]["DesiredTGUpdates"]["g"]
+    assert status == 200 and (updates["Place"], updates["Ignore"]) == (1, 2)
+    assert (plan["FailedTGAllocs"], plan["CreatedEvals"]) == (None, None)
+    sim.no_capacity(True)
+    _, plan, _ = await client.post("/v1/job/rv/plan", {"Job": service_job("rv", count=3)})
+    assert plan["FailedTGAllocs"]["g"]["CoalescedFailures"] == 0
+    assert [e["Status"] for e in plan["CreatedEvals"]] == ["blocked"]
+    sim.no_capacity(False)
     status, text, _ = await client.post(
         "/v1/job/rv/revert", {"JobVersion": 0, "EnforcePriorVersion": 0}
     )
@@ -235,3 +255,56 @@ async def test_dispatch_plan_revert_and_versions(client: Client, sim: Simulator)
     assert counts == [1, 2, 1]  # newest first: the revert is version 2
     assert (await client.post("/v1/job/rv/stable", {"JobVersion": 2, "Stable": True}))[0] == 200
     assert sim.get_job("rv")["Stable"] is True  # type: ignore[index]
+
+
+async def test_an_unclean_path_is_sent_to_its_clean_form(client: Client) -> None:
+    # As Go's ServeMux does for Nomad's agent: 307, so that a write is sent again as it is.
+    async with client.session.put(
+        client.url + "/v1/job//scale", json={"Count": 1}, allow_redirects=False
+    ) as resp:
+        assert (resp.status, resp.headers["Location"]) == (307, "/v1/job/scale")
+    # Followed, it is a registration of a job named "scale", without a Job: 400.
+    assert (await client.put("/v1/job//scale", {"Count": 1}))[:2] == (400, "Job must be specified")
+
+
+async def test_registration_options(client: Client, sim: Simulator) -> None:
+    job = service_job("opt", count=2, Type="batch")
+    source = {"Source": 'job "opt" {}', "Format": "hcl2", "VariableFlags": {"x": "1"}}
+    out = await client.register(job, EvalPriority=77, Submission=source)
+    assert sim.evals[out["EvalID"]]["Priority"] == 77
+    status, sub, headers = await client.get("/v1/job/opt/submission", version=0)
+    assert status == 200 and (sub["Source"], sub["Version"]) == ('job "opt" {}', 0)
+    assert headers["X-Nomad-Index"] == str(sub["JobModifyIndex"])
+    assert (await client.get("/v1/job/opt/submission", version=1))[:2] == (
+        404,
+        "job source not found",
+    )
+    # PreserveCounts keeps the counts of the groups the job has.
+    await client.register(service_job("opt", count=5, Type="batch"), PreserveCounts=True)
+    assert sim.get_job("opt")["TaskGroups"][0]["Count"] == 2  # type: ignore[index]
+    assert (await client.put("/v1/jobs", {"Job": job, "EvalPriority": 101}))[:2] == (
+        400,
+        "Eval priority must be between 1 and 100 inclusively",
+    )
+
+
+async def test_scaling_events(client: Client, sim: Simulator) -> None:
+    await client.register(service_job("ev", count=1, Type="batch"))
+    target = {"Group": "g"}
+    out = (await client.post("/v1/job/ev/scale", {"Count": 2, "Target": target}))[1]
+    assert out["EvalID"]
+    noted = {"Target": target, "Message": "only a note", "Meta": {"k": "v"}}
+    assert (await client.post("/v1/job/ev/scale", noted))[1]["EvalID"] == ""
+    failed = {"Target": target, "Error": True, "Message": "could not"}
+    assert (await client.post("/v1/job/ev/scale", failed))[0] == 200
+    _, status, _ = await client.get("/v1/job/ev/scale")
+    events = status["TaskGroups"]["g"]["Events"]
+    assert [(e["Message"], e["Error"], e["Count"]) for e in events] == [
+        ("could not", True, None),
+        ("only a note", False, None),
+        ("", False, 2),
+    ]
+    assert events[2]["EvalID"] == out["EvalID"] and events[2]["PreviousCount"] == 1
+    assert (await client.post("/v1/job/ev/scale", {"Count": 1, "Error": True, "Target": target}))[
+        :2
+    ] == (400, "scaling action should not contain count if error is true")

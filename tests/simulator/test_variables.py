@@ -85,3 +85,24 @@ async def test_list_is_metadata_only_with_prefix_and_pages(client: Client) -> No
     await client.put("/v1/var/p/d", {"Items": {"secret": "s"}})
     _, listed, headers = await asyncio.wait_for(waiter, 3)
     assert int(headers["X-Nomad-Index"]) > index and len(listed) == 5
+
+
+async def test_a_missing_variable_is_404_with_the_index_to_block_from(client: Client) -> None:
+    # Nomad answers a read of a missing variable with the variables table's index (at
+    # least 1): a blocking read goes on from it, and wakes when any variable changes.
+    status, text, headers = await client.get("/v1/var/none")
+    assert (status, text, headers["X-Nomad-Index"]) == (404, "variable not found", "1")
+    await client.put("/v1/var/other", {"Items": {"a": "b"}})
+    _, _, after = await client.get("/v1/var/none")
+    index = int(after["X-Nomad-Index"])
+    assert index > 1
+    waiter = asyncio.create_task(client.get("/v1/var/none", index=index, wait="10s"))
+    await asyncio.sleep(0.05)
+    assert not waiter.done()
+    await client.put("/v1/var/none", {"Items": {"x": "y"}})
+    status, var, _ = await asyncio.wait_for(waiter, 3)
+    assert status == 200 and var["Items"] == {"x": "y"}
+    assert (await client.put("/v1/var/ok", {}))[:2] == (
+        400,
+        "variable missing required Items object",
+    )

@@ -1,22 +1,36 @@
 """The check of a client's tar archive: members are resolved as the extraction will
-resolve them (in order, through the links earlier members made), not lexically."""
+resolve them (in order, through the links earlier members made), not lexically; every
+block is read, and what GNU tar extracts is the copy of what the check read."""
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
 
-from controller.executions.archives import MAX_LINK_FOLLOWS, Spool, check_archive
+from controller.executions.archives import MAX_LINK_FOLLOWS, Spool, checked_copy
 from controller.executions.commands import InvalidValue
+from tests.support.crafted_tars import CRAFTED_ACCEPTED, CRAFTED_REFUSED, extracted
 from tests.support.tars import Member, directory, file, hardlink, symlink, tar_of
 
 
 def check(*members: Member) -> None:
+    checked(tar_of(*members))
+
+
+def checked(body: bytes) -> bytes:
+    """The copy the check makes of `body`, which is what `tar -x` is given."""
     spool = Spool()
-    spool.write(tar_of(*members))
+    spool.write(body)
     try:
-        check_archive(spool)
+        copy = checked_copy(spool)
     finally:
         spool.close()
+    try:
+        return b"".join(copy.chunks())
+    finally:
+        copy.close()
 
 
 # name, members, the member named in the refusal, what the refusal says
@@ -140,3 +154,30 @@ def test_resolving_is_bounded_by_the_archive_size() -> None:
     with pytest.raises(InvalidValue, match="more links than an archive of its size may") as refused:
         check(*members)
     assert f"tar member '{last}/f0'" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [case[1:] for case in CRAFTED_REFUSED],
+    ids=[case[0] for case in CRAFTED_REFUSED],
+)
+def test_a_crafted_archive_is_refused_naming_the_problem(body: bytes, problem: str) -> None:
+    with pytest.raises(InvalidValue) as refused:
+        checked(body)
+    assert problem in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("body", "tree"),
+    [case[1:] for case in CRAFTED_ACCEPTED],
+    ids=[case[0] for case in CRAFTED_ACCEPTED],
+)
+def test_gnu_tar_extracts_what_the_check_read(
+    body: bytes, tree: dict[str, bytes | str], tmp_path: Path
+) -> None:
+    subprocess.run(
+        ["tar", "-x", "-f", "-", "--no-same-owner", "-C", str(tmp_path)],
+        input=checked(body),
+        check=True,
+    )
+    assert extracted(tmp_path) == tree

@@ -212,6 +212,10 @@ STRUCT = GoStruct(
         ' "tags": ["a"], "labels": {"k": "v"}, "unknown": [1]}',
         '{"data": null, "tags": null, "labels": null}',
         "{}",
+        # null leaves any other field as it is (its zero value), and is an item's zero
+        '{"size": null, "count": null, "name": null, "on": null, "tags": [null],'
+        ' "labels": {"k": null}}',
+        "null",
     ],
 )
 def test_the_json_schema_takes_what_go_decodes(raw: str) -> None:
@@ -237,3 +241,103 @@ def test_the_json_schema_refuses_what_go_refuses(raw: str) -> None:
         decode_struct(raw, STRUCT)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(json.loads(raw), json_schema(STRUCT))
+
+
+# ---- what a hostile client sends: deep nesting, huge numbers, lone surrogates -------------
+
+RUNNER = GoStruct(
+    "dto.RunnerRequest", {"executionEnvironmentId": "int", "inactivityTimeout": "int"}
+)
+FILES = GoStruct(
+    "dto.UpdateFileSystemRequest",
+    {"delete": GoSlice("string"), "copy": GoSlice(GoStruct("dto.File", {"path": "string"}))},
+)
+COMMAND = GoStruct("dto.ExecutionRequest", {"command": "string", "environment": GoMap("string")})
+
+
+def nested(depth: int, inner: str = "") -> str:
+    return "[" * depth + inner + "]" * depth
+
+
+@pytest.mark.parametrize("depth", [3_000, 10_000])
+def test_nesting_within_gos_limit_is_read(depth: int) -> None:
+    """Go reads 10,000 levels; Python's parser stops near 1,000."""
+    with pytest.raises(GoJSONError) as refused:
+        decode_struct(nested(depth), RUNNER)
+    assert (
+        refused.value.message
+        == "json: cannot unmarshal array into Go value of type dto.RunnerRequest"
+    )
+    ignored = '{"x": ' + nested(depth - 3, '{"a": [1, "b"]}') + ', "executionEnvironmentId": 10}'
+    assert decode_struct(ignored, RUNNER) == {"executionEnvironmentId": 10, "inactivityTimeout": 0}
+    with pytest.raises(GoJSONError) as refused:
+        decode_struct('{"copy": ' + nested(depth - 1) + "}", FILES)
+    assert refused.value.message == (
+        "json: cannot unmarshal array into Go struct field UpdateFileSystemRequest.copy "
+        "of type dto.File"
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (nested(10_001), "exceeded max depth"),
+        ('{"x": ' + nested(20_000) + "}", "exceeded max depth"),
+        (nested(3_000)[:-1], "unexpected EOF"),
+        ("[" * 3_000 + "1 2", "invalid character '2' after array element"),
+        ('{"a": ' + "[" * 3_000 + '{"b" 1', "invalid character '1' after object key"),
+        (
+            '{"a": ' + "[" * 3_000 + "{'b'",
+            "invalid character '\\'' looking for beginning of object key string",
+        ),
+        ("[" * 3_000 + '{"a": 1 "b"', "invalid character '\"' after object key:value pair"),
+        ("[" * 3_000 + "nul]", "invalid character ']' in literal null (expecting 'l')"),
+        ("[" * 3_000 + "NaN", "invalid character 'N' looking for beginning of value"),
+    ],
+)
+def test_deep_nesting_errors_read_as_go_writes_them(raw: str, message: str) -> None:
+    with pytest.raises(GoJSONError) as refused:
+        decode_struct(raw, RUNNER)
+    assert refused.value.message == message
+
+
+def test_numbers_of_any_length_are_read_as_go_reads_them() -> None:
+    huge = "1" + "0" * 4_300
+    with pytest.raises(GoJSONError) as refused:
+        decode_struct(f'{{"executionEnvironmentId": {huge}}}', RUNNER)
+    assert refused.value.message == (
+        f"json: cannot unmarshal number {huge} into Go struct field "
+        "RunnerRequest.executionEnvironmentId of type int"
+    )
+    with pytest.raises(GoJSONError) as refused:
+        decode_struct('{"inactivityTimeout": 1e999}', RUNNER)
+    assert refused.value.message == (
+        "json: cannot unmarshal number 1e999 into Go struct field "
+        "RunnerRequest.inactivityTimeout of type int"
+    )
+    with pytest.raises(GoJSONError) as refused:
+        decode_struct(f'{{"command": -{huge}}}', COMMAND)
+    assert refused.value.message == (
+        "json: cannot unmarshal number into Go struct field ExecutionRequest.command of type string"
+    )
+    assert decode_struct(f'{{"x": [{huge}, 1.5e99999], "inactivityTimeout": 60}}', RUNNER) == {
+        "executionEnvironmentId": 0,
+        "inactivityTimeout": 60,
+    }
+
+
+def test_lone_surrogates_are_replaced_as_go_replaces_them() -> None:
+    """Go's decoder makes U+FFFD of an escaped surrogate that is not half of a pair."""
+    decoded = decode_struct(
+        '{"command": "a\\ud800b\\udc00\\ud83d\\ude00", "environment": {"K\\udfff": "v\\ud800"}}',
+        COMMAND,
+    )
+    assert decoded == {
+        "command": "a\ufffdb\ufffd\U0001f600",
+        "environment": {"K\ufffd": "v\ufffd"},
+    }
+    assert decode_struct('{"delete": ["x\\ud800"], "copy": [{"path": "\\udc00"}]}', FILES) == {
+        "delete": ["x\ufffd"],
+        "copy": [{"path": "\ufffd"}],
+    }
+    assert unmarshal_strings('["\\ud800", "ok"]') == ["\ufffd", "ok"]

@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 
 from controller.core.events import breaker_opened
-from controller.logs import JsonFormatter, TextFormatter
+from controller.logs import JsonFormatter, MalformedRequests, TextFormatter
 from controller.service import log_event
 
 RFC3339_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
@@ -99,3 +100,29 @@ def test_the_text_format_is_time_level_logger_and_message() -> None:
     assert re.fullmatch(
         r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO controller.test: hello world", text
     ), text
+
+
+def _refusal(error: BaseException) -> logging.LogRecord:
+    """A record as aiohttp's server writes it for a request it could not handle."""
+    return logging.LogRecord(
+        "controller.http", logging.ERROR, __file__, 1, "Error handling request from %s",
+        ("10.0.0.7",), (type(error), error, None),
+    )  # fmt: skip
+
+
+def test_malformed_requests_are_one_line_a_second_without_a_traceback() -> None:
+    now = [100.0]
+    quiet = MalformedRequests(interval=1.0, clock=lambda: now[0])
+    first = _refusal(LineTooLong("Header value is too long", "8190", "20000"))
+    assert quiet.filter(first)
+    assert (first.levelno, first.levelname, first.exc_info) == (logging.INFO, "INFO", None)
+    assert first.getMessage().startswith("refused a malformed request from 10.0.0.7: 400 ")
+    assert not quiet.filter(_refusal(BadHttpMessage("bad")))
+    assert not quiet.filter(_refusal(BadHttpMessage("bad")))
+    now[0] += 1.0
+    third = _refusal(BadHttpMessage("Invalid header"))
+    assert quiet.filter(third)
+    assert third.getMessage().endswith("(2 more since the last line)")
+    # A failure of poolkeeper's own is no client's fault: it stays as it is.
+    own = _refusal(RuntimeError("a bug"))
+    assert quiet.filter(own) and own.levelno == logging.ERROR and own.exc_info is not None

@@ -104,11 +104,18 @@ class Api:
         for handler in methods.values():
             if handler.__qualname__ not in RULES:
                 raise LookupError(f"no ACL rule for {handler.__qualname__} in authz.RULES")
-        self.routes.append((re.compile(pattern + "$"), methods))
+        # IDs may hold any character, a newline (%0A) too.
+        self.routes.append((re.compile(pattern + "$", re.DOTALL), methods))
 
     # ------------------------------------------------------------------ dispatch
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        path = request.raw_path.split("?", 1)[0]
+        path, sep, query = request.raw_path.partition("?")
+        clean = clean_path(path)
+        if clean != path:
+            # As Go's ServeMux: a path with `//`, `.` or `..` is sent to its clean form
+            # (307, so a write is sent again as it was: `/v1/job//scale` is a PUT of
+            # `/v1/job/scale`, a job named "scale").
+            return web.Response(status=307, headers={"Location": clean + sep + query})
         try:
             if path.startswith("/_sim/"):
                 return await self.sim_route(request, path[len("/_sim/") :])
@@ -138,7 +145,10 @@ class Api:
                 return await handler(request, params, token)
             return text(404, "404 page not found")
         except ApiError as exc:
-            return text(exc.status, exc.message)
+            response = text(exc.status, exc.message)
+            if exc.index is not None:
+                response.headers["X-Nomad-Index"] = str(exc.index)
+            return response
         except (ConnectionResetError, asyncio.CancelledError):
             raise
         except Exception as exc:
@@ -184,6 +194,8 @@ class Api:
         token = self.sim.token_for(secret) if secret else ANONYMOUS_TOKEN
         if token is None:
             raise denied()
+        if self.sim.acl.expired(token):
+            raise ApiError(403, "ACL token expired")
         return token
 
     def allows(self, token: JSON | None, namespace: str, capability: str) -> bool:
@@ -219,6 +231,25 @@ class Api:
         return reply({"Result": result}, self.sim.index)
 
 
+def clean_path(path: str) -> str:
+    """Go's cleanPath for a request: `path.Clean`, keeping a trailing slash."""
+    if not path.startswith("/"):
+        path = "/" + path
+    parts: list[str] = []
+    for part in path.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if parts:
+                parts.pop()
+            continue
+        parts.append(part)
+    clean = "/" + "/".join(parts)
+    if path.endswith("/") and clean != "/":
+        clean += "/"
+    return clean
+
+
 def _rule_of(handler: Handler) -> Rule:
     return RULES[handler.__qualname__]
 
@@ -226,5 +257,6 @@ def _rule_of(handler: Handler) -> Rule:
 def build_app(sim: Simulator) -> web.Application:
     api = Api(sim)
     app = web.Application(client_max_size=64 * 1024 * 1024)
-    app.router.add_route("*", "/{tail:.*}", api.handle)
+    # Every path, a newline in it too: the API's own dispatch answers unknown routes.
+    app.router.add_route("*", r"/{tail:[\s\S]*}", api.handle)
     return app

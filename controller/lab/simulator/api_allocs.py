@@ -7,15 +7,17 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from controller.lab.simulator.bexpr import FilterError, compile_filter
 from controller.lab.simulator.routes import (
     EncodedStubs,
     RouteGroup,
     found,
     put_or_post,
+    read_object,
     write_reply,
 )
 from controller.lab.simulator.util import JSON, bad_request
-from controller.lab.simulator.views import alloc_full, alloc_stub, eval_view, paginate
+from controller.lab.simulator.views import alloc_full, alloc_stub, eval_stub, eval_view, paginate
 from controller.lab.simulator.wire import (
     AddRoute,
     namespace_of,
@@ -39,10 +41,15 @@ class AllocRoutes(RouteGroup):
         r(r"/v1/allocations", GET=self.allocs_list)
         r(r"/v1/allocation/(?P<id>[^/]+)/stop", **put_or_post(self.alloc_stop))
         r(r"/v1/allocation/(?P<id>[^/]+)", GET=self.alloc_read)
-        r(r"/v1/evaluations", GET=self.evals_list)
+        r(r"/v1/evaluations", GET=self.evals_list, DELETE=self.evals_delete)
         r(r"/v1/evaluation/(?P<id>[^/]+)/allocations", GET=self.eval_allocs)
         r(r"/v1/evaluation/(?P<id>[^/]+)", GET=self.eval_read)
         r(r"/v1/deployments", GET=self.deployments_list)
+        r(r"/v1/deployment/allocations/(?P<id>[^/]+)", GET=self.deployment_allocs)
+        r(
+            r"/v1/deployment/(?P<op>fail|pause|promote|allocation-health)/(?P<id>[^/]+)",
+            **put_or_post(self.deployment_update),
+        )
         r(r"/v1/deployment/(?P<id>[^/]+)", GET=self.deployment_read)
 
     async def allocs_list(
@@ -97,23 +104,65 @@ class AllocRoutes(RouteGroup):
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
         self.sim.require(t, self.sim.alloc(p["id"])["Namespace"], "alloc-lifecycle")
-        return write_reply(self.sim.stop_allocation(p["id"], parse_bool(request, "reschedule")))
+        return write_reply(
+            self.sim.stop_allocation(
+                p["id"],
+                parse_bool(request, "reschedule"),
+                parse_bool(request, "no_shutdown_delay"),
+            )
+        )
 
     async def evals_list(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
         query = await self.list_query(request, "evals")
-        ns, keep = query.namespace, query.keep
+        ns, prefix = query.namespace, query.prefix
+        per_page = parse_int(request, "per_page") or 0
         visible = self.sim.namespace_filter(t, ns, "read-job")
         evals = [
             e
             for e in self.sim.evals.values()
             if (e["Namespace"] == ns or (ns == "*" and visible(e["Namespace"])))
-            and e["ID"].startswith(query.prefix)
+            and e["ID"].startswith(prefix)
         ]
-        if keep is not None:
-            evals = [e for e in evals if keep(e)]
-        return reply([eval_view(e) for e in evals], query.index)
+        # As Nomad's paginator: oldest first (by ID with a prefix), `reverse` the other way.
+        token_of: Callable[[JSON], Any] = _id_token if prefix else _index_token
+        start: Any = request.query.get("next_token") or None
+        if not prefix:
+            start = _parse_index_token(start)
+        evals.sort(key=token_of, reverse=parse_bool(request, "reverse"))
+        if parse_bool(request, "reverse") and start is not None:
+            evals = [e for e in evals if token_of(e) <= start]
+            start = None
+        page, nxt = paginate(evals, token_of, start, per_page, query.keep)
+        resp = reply([eval_view(e) for e in page], query.index)
+        if nxt is not None:
+            resp.headers["X-Nomad-NextToken"] = nxt if prefix else f"{nxt[0]}.{nxt[1]}"
+        return resp
+
+    async def evals_delete(
+        self, request: web.Request, p: dict[str, str], t: JSON | None
+    ) -> web.Response:
+        body = await read_object(request)
+        eval_ids, expression = body.get("EvalIDs") or [], body.get("Filter") or ""
+        if expression and eval_ids:
+            raise bad_request("evals cannot be deleted by both ID and filter")
+        if not expression and not eval_ids:
+            raise bad_request("evals must be deleted by either ID or filter")
+        if len(eval_ids) > MAX_UUIDS_PER_WRITE:
+            raise bad_request(
+                f"request includes {len(eval_ids)} evaluation IDs, must be "
+                f"{MAX_UUIDS_PER_WRITE} or fewer"
+            )
+        keep = None
+        if expression:
+            try:
+                keep = compile_filter(expression)
+            except FilterError as exc:
+                raise bad_request(f"failed to read filter expression: {exc}") from None
+        self.sim.scheduler_config.require_paused_broker()
+        out = self.sim.scheduler.delete_evals(_ids(eval_ids), keep)
+        return write_reply(out)
 
     async def eval_read(
         self, request: web.Request, p: dict[str, str], t: JSON | None
@@ -121,7 +170,10 @@ class AllocRoutes(RouteGroup):
         index = await self.block_on_object(request, "evals", lambda: self.sim.evals.get(p["id"]))
         ev = found(self.sim.evals.get(p["id"]), "eval")
         self.sim.require(t, ev["Namespace"], "read-job")
-        return reply(eval_view(ev), index)
+        shown = eval_view(ev)
+        if parse_bool(request, "related"):
+            shown["RelatedEvals"] = [eval_stub(e) for e in self.sim.scheduler.related_evals(ev)]
+        return reply(shown, index)
 
     async def eval_allocs(
         self, request: web.Request, p: dict[str, str], t: JSON | None
@@ -137,8 +189,57 @@ class AllocRoutes(RouteGroup):
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
         index = await self.block_on_tables(request, "deployment")
-        visible = self.sim.namespace_filter(t, namespace_of(request), "read-job")
-        return reply([d for d in self.sim.deployments.values() if visible(d["Namespace"])], index)
+        ns = namespace_of(request)
+        visible = self.sim.namespace_filter(t, ns, "read-job")
+        prefix = request.query.get("prefix", "")
+        listed = [
+            d
+            for d in self.sim.deployments.values()
+            if (d["Namespace"] == ns or (ns == "*" and visible(d["Namespace"])))
+            and d["ID"].startswith(prefix)
+        ]
+        return reply(listed, index)
+
+    async def deployment_allocs(
+        self, request: web.Request, p: dict[str, str], t: JSON | None
+    ) -> web.Response:
+        index = await self.block_on_tables(request, "allocs")
+        dep = self.sim.deployments.get(p["id"])
+        if dep is not None:
+            self.sim.require(t, dep["Namespace"], "read-job")
+        allocs = [a for a in self.sim.allocs.values() if a.get("DeploymentID") == p["id"]]
+        return reply([alloc_stub(a) for a in allocs], index)
+
+    async def deployment_update(
+        self, request: web.Request, p: dict[str, str], t: JSON | None
+    ) -> web.Response:
+        """Fail, pause (or resume), promote a deployment, or set its allocations' health;
+        each needs submit-job in the deployment's namespace."""
+        op, dep_id = p["op"], p["id"]
+        body: JSON = {}
+        if op != "fail":
+            body = await read_object(request)
+            if not body.get("DeploymentID"):
+                raise bad_request("DeploymentID must be specified")
+            if body["DeploymentID"] != dep_id:
+                raise bad_request("Deployment ID does not match")
+        dep = self.sim.deployments.get(dep_id)
+        if dep is not None:
+            self.sim.require(t, dep["Namespace"], "submit-job")
+        deployments = self.sim.deployment_ops
+        if op == "fail":
+            out = deployments.fail(dep_id)
+        elif op == "pause":
+            out = deployments.pause(dep_id, bool(body.get("Pause")))
+        elif op == "promote":
+            out = deployments.promote(dep_id, bool(body.get("All")), body.get("Groups"))
+        else:
+            out = deployments.set_alloc_health(
+                dep_id,
+                _ids(body.get("HealthyAllocationIDs")),
+                _ids(body.get("UnhealthyAllocationIDs")),
+            )
+        return write_reply(out)
 
     async def deployment_read(
         self, request: web.Request, p: dict[str, str], t: JSON | None
@@ -149,12 +250,23 @@ class AllocRoutes(RouteGroup):
         return reply(dep, index)
 
 
-def _index_token(alloc: JSON) -> tuple[int, str]:
-    return (alloc["CreateIndex"], alloc["ID"])
+MAX_UUIDS_PER_WRITE = 7281  # structs.MaxUUIDsPerWriteRequest
 
 
-def _id_token(alloc: JSON) -> str:
-    return str(alloc["ID"])
+def _ids(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise bad_request("Failed to decode request body: allocation IDs must be strings")
+    return value
+
+
+def _index_token(obj: JSON) -> tuple[int, str]:
+    return (obj["CreateIndex"], obj["ID"])
+
+
+def _id_token(obj: JSON) -> str:
+    return str(obj["ID"])
 
 
 def _parse_index_token(raw: str | None) -> tuple[int, str] | None:

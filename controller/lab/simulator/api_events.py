@@ -23,9 +23,13 @@ class EventRoutes(RouteGroup):
         topics: dict[str, set[str]] = {}
         for raw in request.query.getall("topic", []):
             if raw.count(":") > 1:
-                raise bad_request(f"Invalid topic query: {raw}")
-            topic, _, key = raw.partition(":")
-            topics.setdefault(topic, set()).add(key or "*")
+                raise bad_request(
+                    "Invalid topic query: error parsing topics: "
+                    f"Invalid key value pair for topic, topic: {raw}"
+                )
+            topic, colon, key = raw.partition(":")
+            # A topic alone is all of its keys; `Topic:` is the empty key (matches none).
+            topics.setdefault(topic, set()).add(key if colon else "*")
         if not topics:
             topics = {"*": {"*"}}
         permissions = self.sim.permissions(t)
@@ -43,6 +47,9 @@ class EventRoutes(RouteGroup):
             await resp.write(b"{}\n")
             last_write = loop.time()
             while True:
+                if broker.closing:
+                    await resp.write_eof()  # the agent stops: the body ends, cleanly
+                    return resp
                 if broker.generation != generation:
                     if request.transport is not None:
                         request.transport.abort()  # a server restart, as the client sees it

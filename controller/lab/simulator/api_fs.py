@@ -13,7 +13,7 @@ import asyncio
 import base64
 import contextlib
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, BinaryIO
 
 from aiohttp import web
@@ -26,16 +26,17 @@ from controller.lab.simulator.allocfs import (
     open_file,
     stat_path,
 )
-from controller.lab.simulator.authz import READ_FS
+from controller.lab.simulator.authz import READ_FS, READ_LOGS
 from controller.lab.simulator.routes import ClientRoutes
 from controller.lab.simulator.sandbox import Sandbox
+from controller.lab.simulator.store import TERMINAL
 from controller.lab.simulator.util import JSON, ApiError, bad_request
 from controller.lab.simulator.wire import ENCODE, AddRoute, reply, text
 
 if TYPE_CHECKING:
     pass
 
-FS_OPS = ("ls", "stat", "cat", "readat", "stream")
+FS_OPS = ("ls", "stat", "cat", "readat", "stream", "logs")
 _CHUNK = 64 * 1024  # a stream frame's data, at most
 _FOLLOW_POLL = 0.2  # seconds: how often a followed file is looked at (Nomad's batch window)
 _HEARTBEAT = 1.0  # seconds between the empty frames of a stream that has nothing to say
@@ -61,9 +62,10 @@ class FsRoutes(ClientRoutes):
             "cat": self.cat,
             "readat": self.readat,
             "stream": self.stream,
+            "logs": self.logs,
         }
         if not sep or op not in handlers:
-            return text(404, "Invalid method")  # as Nomad says it; `logs` is not simulated
+            return text(404, "Invalid method")  # as Nomad says it
         return await handlers[op](request, alloc_id)
 
     # ------------------------------------------------------------------ plain RPCs
@@ -143,10 +145,54 @@ class FsRoutes(ClientRoutes):
             await resp.write_eof()
         return resp
 
+    async def logs(self, request: web.Request, alloc_id: str) -> web.StreamResponse:
+        """A task's stdout or stderr, as `stream` sends a file (`follow` defaults to
+        false here, and ends once the allocation is terminal), or with `plain=true` as
+        its bytes. A task's log is the file its client's logmon writes,
+        `alloc/logs/<task>.<type>.0`. Nomad checks `read-logs` for it, not `read-fs`."""
+        query = request.query
+        task = query.get("task", "")
+        if not alloc_id:
+            raise ApiError(500, "must provide a valid alloc id")
+        if not task:
+            raise ApiError(500, "must provide task name")
+        follow, plain = (_flag(query, name) for name in ("follow", "plain"))
+        log_type = query.get("type", "")
+        if log_type not in ("stdout", "stderr"):
+            raise ApiError(500, "must provide log type (stdout/stderr)")
+        offset = _number("offset", query.get("offset") or "0", 400)
+        origin = query.get("origin") or "start"
+        if origin not in ("start", "end"):
+            raise ApiError(500, "origin must be start or end")
+        box = self._directory(request, alloc_id, denied=500, capability=READ_LOGS)
+        alloc = self.sim.sandboxes.lookup(alloc_id)
+        if task not in box.tasks:
+            raise bad_request(f'unknown task name "{task}"')
+        path = f"alloc/logs/{task}.{log_type}.0"
+        file = self._open(request, alloc_id, path, offset, origin, box)
+        content_type = "text/plain" if plain else "application/json"
+        resp = web.StreamResponse(headers={"Content-Type": content_type})
+        await resp.prepare(request)
+        follow = follow and alloc["ClientStatus"] not in TERMINAL
+        with file, contextlib.suppress(ConnectionError):
+            if plain:
+                while chunk := file.read(_CHUNK):
+                    await resp.write(chunk)
+            else:
+                await _stream_frames(resp, file, path, follow)
+            await resp.write_eof()
+        return resp
+
     def _open(
-        self, request: web.Request, alloc_id: str, path: str, offset: int, origin: str
+        self,
+        request: web.Request,
+        alloc_id: str,
+        path: str,
+        offset: int,
+        origin: str,
+        box: Sandbox | None = None,
     ) -> BinaryIO:
-        box = self._directory(request, alloc_id, denied=500)
+        box = box or self._directory(request, alloc_id, denied=500)
         try:
             info = stat_path(box.path, path)
         except FsError as exc:
@@ -161,7 +207,9 @@ class FsRoutes(ClientRoutes):
             raise ApiError(500, exc.message) from None
 
     # ------------------------------------------------------------------ both
-    def _directory(self, request: web.Request, alloc_id: str, denied: int) -> Sandbox:
+    def _directory(
+        self, request: web.Request, alloc_id: str, denied: int, capability: str = READ_FS
+    ) -> Sandbox:
         """The allocation's directory, past the server's checks and the client's. A token
         the server refuses is `denied` (403 on plain RPCs, 500 on streaming ones)."""
         try:
@@ -169,12 +217,12 @@ class FsRoutes(ClientRoutes):
         except ApiError:
             raise ApiError(denied, "Permission denied") from None
         namespace = request.query.get("namespace") or "default"
-        if not self.api.allows(token, namespace, READ_FS):
+        if not self.api.allows(token, namespace, capability):
             raise ApiError(denied, "Permission denied")
         sandboxes = self.sim.sandboxes
         alloc = sandboxes.lookup(alloc_id)
         sandboxes.reach(alloc)
-        if not self.api.allows(token, alloc["Namespace"], READ_FS):
+        if not self.api.allows(token, alloc["Namespace"], capability):
             raise ApiError(403, "Permission denied")
         return sandboxes.open(alloc)
 
@@ -194,11 +242,20 @@ def _plain(
         raise ApiError(404 if NO_SUCH_FILE in exc.message else 500, exc.message) from None
 
 
-def _number(name: str, raw: str) -> int:
+def _number(name: str, raw: str, status: int = 500) -> int:
     try:
         return go_int(raw)
     except ValueError as exc:
-        raise ApiError(500, f"error parsing {name}: {exc}") from None
+        raise ApiError(status, f"error parsing {name}: {exc}") from None
+
+
+def _flag(query: Mapping[str, str], name: str) -> bool:
+    """A boolean query parameter of the logs route (absent: false; bad: 400)."""
+    raw = query.get(name, "")
+    try:
+        return go_bool(raw) if raw else False
+    except ValueError as exc:
+        raise bad_request(f"failed to parse {name} field to boolean: {exc}") from None
 
 
 def _with_untrusted_headers(resp: web.StreamResponse) -> web.StreamResponse:

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from controller.lab.simulator.jobs import RegisterOptions
+from controller.lab.simulator.jobspec import (
+    canonicalize,
+    multierror,
+    spec_of,
+    validation_errors,
+)
 from controller.lab.simulator.routes import (
     NOT_AN_OBJECT,
     EncodedStubs,
@@ -17,11 +24,12 @@ from controller.lab.simulator.routes import (
     with_next_token,
     write_reply,
 )
-from controller.lab.simulator.store import JobRecord
-from controller.lab.simulator.util import JSON, bad_request
+from controller.lab.simulator.store import TERMINAL, JobRecord
+from controller.lab.simulator.util import JSON, ApiError, bad_request
 from controller.lab.simulator.views import alloc_stub, eval_view, job_stub, paginate
 from controller.lab.simulator.wire import (
     AddRoute,
+    block,
     namespace_of,
     parse_bool,
     parse_int,
@@ -46,7 +54,16 @@ class JobRoutes(RouteGroup):
 
     def register(self, r: AddRoute) -> None:
         r(r"/v1/jobs", GET=self.jobs_list, **put_or_post(self.job_register))
-        reads = ("allocations", "evaluations", "versions", "summary", "deployments", "deployment")
+        r(r"/v1/validate/job", **put_or_post(self.job_validate))
+        reads = (
+            "allocations",
+            "evaluations",
+            "versions",
+            "summary",
+            "deployments",
+            "deployment",
+            "submission",
+        )
         writes = ("evaluate", "plan", "dispatch", "revert", "stable", "scale")
         for suffix in reads + writes:
             handler = getattr(self, f"job_{suffix}")
@@ -54,6 +71,7 @@ class JobRoutes(RouteGroup):
             if suffix == "scale":
                 methods["GET"] = self.job_scale_status
             r(rf"/v1/job/(?P<id>.+)/{suffix}", **methods)
+        r(r"/v1/job/(?P<id>.+)/periodic/force", **put_or_post(self.job_periodic_force))
         r(
             r"/v1/job/(?P<id>.+)",
             **object_methods(self.job_read, self.job_register, self.job_deregister),
@@ -100,11 +118,44 @@ class JobRoutes(RouteGroup):
         jmi = body.get("JobModifyIndex", 0)
         if not isinstance(enforce, bool) or not isinstance(jmi, int):
             raise bad_request("Failed to decode request body: EnforceIndex/JobModifyIndex type")
+        options = _register_options(body)
         ns = request.query.get("namespace") or body["Job"].get("Namespace") or "default"
         self.sim.require(t, ns, "submit-job")
-        out = self.sim.register_job(body["Job"], ns, enforce, jmi)
+        out = self.sim.register_job(body["Job"], ns, enforce, jmi, options=options)
         self._audit(request, "register", ns, body["Job"].get("ID", ""), body["Job"])
         return write_reply(out)
+
+    async def job_validate(
+        self, request: web.Request, p: dict[str, str], t: JSON | None
+    ) -> web.Response:
+        body = await read_object(request)
+        raw = body.get("Job")
+        if not isinstance(raw, dict):
+            raise bad_request("Job must be specified")
+        ns = request.query.get("namespace") or raw.get("Namespace") or "default"
+        self.sim.require(t, ns, "read-job")
+        job = {
+            "Region": "global",
+            "Type": "service",
+            "Datacenters": ["*"],
+            **{k: v for k, v in raw.items() if v is not None},
+            "Namespace": ns,
+        }
+        job.setdefault("Name", job.get("ID") or "")
+        errors = validation_errors(job)
+        if not errors:
+            try:
+                self.sim.job_registry.admit(canonicalize(job, ns))
+            except ApiError as exc:
+                errors = [exc.message]
+        return reply(
+            {
+                "DriverConfigValidated": True,
+                "ValidationErrors": errors or None,
+                "Error": multierror(errors) if errors else "",
+                "Warnings": "",
+            }
+        )
 
     async def _blocking_job_read(
         self, request: web.Request, p: dict[str, str], *tables: str
@@ -135,11 +186,17 @@ class JobRoutes(RouteGroup):
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
         purge = parse_bool(request, "purge")
+        eval_priority = parse_int(request, "eval_priority") or 0
+        if eval_priority > 0:
+            _check_eval_priority(eval_priority)
+        no_shutdown_delay = parse_bool(request, "no_shutdown_delay")
         namespace = namespace_of(request)
         existing = self.sim.jobs.get((namespace, p["id"]))
         if existing is not None:
             self._audit(request, "purge", namespace, p["id"], existing.job)
-        out = self.sim.deregister_job(p["id"], namespace, purge)
+        out = self.sim.deregister_job(
+            p["id"], namespace, purge, max(eval_priority, 0), no_shutdown_delay
+        )
         return reply(out, out["Index"] or self.sim.index)
 
     async def job_allocations(
@@ -175,6 +232,29 @@ class JobRoutes(RouteGroup):
         index, rec = await self._blocking_job_read(request, p, "jobs", "allocs")
         return reply(self.sim.job_summary(found(rec, "job summary")), index)
 
+    async def job_submission(
+        self, request: web.Request, p: dict[str, str], t: JSON | None
+    ) -> web.Response:
+        try:
+            version = int(request.query.get("version", ""))
+            if version < 0:
+                raise ValueError
+        except ValueError:
+            raise bad_request("Unable to parse job submission version parameter") from None
+        namespace = namespace_of(request)
+
+        def submission() -> JSON | None:
+            return self.sim.job_registry.submission(namespace, p["id"], version)
+
+        # Its index is that of the version it came with; 0 when there is none.
+        index = await block(
+            self.sim, request, lambda: (submission() or {}).get("JobModifyIndex", 0)
+        )
+        found_one = submission()
+        if found_one is None:
+            raise ApiError(404, "job source not found")
+        return reply(found_one, index)
+
     async def job_deployments(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
@@ -200,33 +280,38 @@ class JobRoutes(RouteGroup):
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
         body = await self._job_body(request, p["id"])
-        rec = self.sim.jobs.get((namespace_of(request), p["id"]))
-        updates = {
-            g.get("Name", ""): {
-                "Place": g.get("Count", 1),
-                "Ignore": 0,
-                "Stop": 0,
-                "Migrate": 0,
-                "InPlaceUpdate": 0,
-                "DestructiveUpdate": 0,
-            }
-            for g in body["Job"].get("TaskGroups") or []
-            if isinstance(g, dict)
-        }
+        namespace = request.query.get("namespace") or body["Job"].get("Namespace") or "default"
+        rec = self.sim.jobs.get((namespace, p["id"]))
+        job = canonicalize(body["Job"], namespace)
+        self.sim.job_registry.admit(job)
+        if rec is not None:
+            job.update(Version=rec.job["Version"])
+        current = rec.job if rec is not None else None
+        planned = self.sim.scheduler.plan(job, current)
+        if body.get("Diff"):
+            kind = "Added" if current is None else "None"
+            if current is not None and spec_of(current) != spec_of(job):
+                kind = "Edited"
+            planned["Diff"] = {"Type": kind, "ID": job["ID"], "Fields": None, "Objects": None}
+        else:
+            planned["Diff"] = None
         jmi = rec.job["JobModifyIndex"] if rec else 0
         return reply(
             {
-                "Index": jmi,
+                "Index": self.sim.index,
                 "JobModifyIndex": jmi,
-                "Diff": {"Type": "None"} if body.get("Diff") else None,
-                "Annotations": {"DesiredTGUpdates": updates, "PreemptedAllocs": None},
-                "FailedTGAllocs": None,
-                "CreatedEvals": None,
+                **planned,
                 "Warnings": "",
                 "NextPeriodicLaunch": "0001-01-01T00:00:00Z",
             },
             self.sim.index,
         )
+
+    async def job_periodic_force(
+        self, request: web.Request, p: dict[str, str], t: JSON | None
+    ) -> web.Response:
+        out = self.sim.job_registry.force_periodic(p["id"], namespace_of(request))
+        return write_reply(out)
 
     async def job_dispatch(
         self, request: web.Request, p: dict[str, str], t: JSON | None
@@ -264,31 +349,102 @@ class JobRoutes(RouteGroup):
     async def job_scale_status(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        index, rec = await self._blocking_job_read(request, p, "jobs", "allocs")
-        rec = found(rec, "job")
-        summary = self.sim.job_summary(rec)["Summary"]
-        groups = {
+        sim, key = self.sim, (namespace_of(request), p["id"])
+
+        def live_allocs() -> list[JSON]:
+            allocs = (sim.allocs[a] for a in sim.job_allocs.get(key, ()))
+            return [a for a in allocs if a["ClientStatus"] not in TERMINAL]
+
+        def index_of() -> int:
+            # Nomad: the newest of the job, its live allocations and its scaling events;
+            # the latest index while there is no such job.
+            rec = sim.jobs.get(key)
+            if rec is None:
+                return sim.index
+            allocs = [int(a["ModifyIndex"]) for a in live_allocs()]
+            return max([int(rec.job["ModifyIndex"]), rec.scaling_index, *allocs])
+
+        index = await block(sim, request, index_of)
+        rec = found(sim.jobs.get(key), "job")
+        groups: dict[str, JSON] = {
             g["Name"]: {
                 "Desired": g["Count"],
-                "Placed": sum(summary[g["Name"]][k] for k in ("Starting", "Running")),
-                "Running": summary[g["Name"]]["Running"],
-                "Healthy": summary[g["Name"]]["Running"],
+                "Placed": 0,
+                "Running": 0,
+                "Healthy": 0,
                 "Unhealthy": 0,
-                "Events": None,
+                "Events": rec.scaling_events.get(g["Name"]),
             }
             for g in rec.job["TaskGroups"]
         }
+        for alloc in live_allocs():
+            group = groups.get(alloc["TaskGroup"])
+            if group is None:
+                continue
+            group["Placed"] += 1
+            group["Running"] += alloc["ClientStatus"] == "running"
+            # No health checks here: a running allocation counts as healthy unless its
+            # deployment said otherwise.
+            healthy = (alloc.get("DeploymentStatus") or {}).get("Healthy")
+            group["Healthy"] += healthy is True or (
+                healthy is None and alloc["ClientStatus"] == "running"
+            )
+            group["Unhealthy"] += healthy is False
         return reply(
             {
                 "JobID": rec.key[1],
                 "Namespace": rec.key[0],
                 "JobCreateIndex": rec.create_index,
-                "JobModifyIndex": rec.job["JobModifyIndex"],
+                "JobModifyIndex": rec.job["ModifyIndex"],
                 "JobStopped": bool(rec.job.get("Stop")),
                 "TaskGroups": groups,
             },
             index,
         )
+
+
+def _register_options(body: JSON) -> RegisterOptions:
+    """The options of a registration's body, checked as Nomad's agent checks them."""
+    flags = {}
+    for name in ("PreserveCounts", "PreserveResources"):
+        value = body.get(name, False)
+        if not isinstance(value, bool):
+            raise bad_request(f"Failed to decode request body: {name} must be a bool")
+        flags[name] = value
+    priority = body.get("EvalPriority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise bad_request("Failed to decode request body: EvalPriority must be a number")
+    if priority != 0:
+        _check_eval_priority(priority)
+    submission = body.get("Submission")
+    if submission is not None:
+        submission = _submission(submission)
+    return RegisterOptions(
+        preserve_counts=flags["PreserveCounts"],
+        preserve_resources=flags["PreserveResources"],
+        eval_priority=priority,
+        submission=submission,
+    )
+
+
+def _check_eval_priority(priority: int) -> None:
+    if not 1 <= priority <= 100:
+        raise bad_request("Eval priority must be between 1 and 100 inclusively")
+
+
+def _submission(raw: Any) -> JSON:
+    """A job's source as registered (JobSubmission): Source, Format, Variables, and the
+    -var flags (an empty map is none)."""
+    if not isinstance(raw, dict):
+        raise bad_request("Failed to decode request body: Submission must be an object")
+    texts = {k: raw.get(k) or "" for k in ("Source", "Format", "Variables")}
+    flags = raw.get("VariableFlags") or None
+    if not all(isinstance(v, str) for v in texts.values()) or not (
+        flags is None
+        or (isinstance(flags, dict) and all(isinstance(v, str) for v in flags.values()))
+    ):
+        raise bad_request("Failed to decode request body: Submission fields must be strings")
+    return {**texts, "VariableFlags": flags}
 
 
 async def _job_version_body(request: web.Request) -> JSON:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from controller.lab.simulator.hoststats import host_stats
 from controller.lab.simulator.routes import (
     NOT_AN_OBJECT,
     RouteGroup,
@@ -11,9 +12,16 @@ from controller.lab.simulator.routes import (
     put_or_post,
     write_reply,
 )
-from controller.lab.simulator.util import JSON, bad_request, not_found
+from controller.lab.simulator.util import JSON, ApiError, bad_request, not_found
 from controller.lab.simulator.views import alloc_full, node_stub
-from controller.lab.simulator.wire import AddRoute, parse_bool, read_json, reply
+from controller.lab.simulator.wire import (
+    AddRoute,
+    block,
+    floored,
+    parse_bool,
+    read_json,
+    reply,
+)
 
 
 class NodeRoutes(RouteGroup):
@@ -23,7 +31,9 @@ class NodeRoutes(RouteGroup):
         r(r"/v1/node/(?P<id>[^/]+)/drain", **put_or_post(self.node_drain))
         r(r"/v1/node/(?P<id>[^/]+)/eligibility", **put_or_post(self.node_elig))
         r(r"/v1/node/(?P<id>[^/]+)/evaluate", **put_or_post(self.node_evaluate))
+        r(r"/v1/node/(?P<id>[^/]+)/purge", **put_or_post(self.node_purge))
         r(r"/v1/node/(?P<id>[^/]+)", GET=self.node_read)
+        r(r"/v1/client/stats", GET=self.client_stats)
 
     def _node_id(self, p: dict[str, str]) -> str:
         """The ID of the node the path names; 404 unless that node exists."""
@@ -53,20 +63,44 @@ class NodeRoutes(RouteGroup):
     async def node_allocs(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
-        index = await self.block_on_tables(request, "allocs")
-        node_id = self._node_id(p)
-        allocs = [self.sim.allocs[a] for a in self.sim.node_allocs[node_id]]
-        return reply([alloc_full(a) for a in allocs], index)
+        sim = self.sim
+
+        def allocs() -> list[JSON]:
+            # An unknown node has no allocations: 200 [], as a known one without any.
+            return [sim.allocs[a] for a in sim.node_allocs.get(p["id"], ())]
+
+        def index_of() -> int:
+            # The newest of the node's allocations, or the table's when it has none.
+            mine = allocs()
+            if mine:
+                return max(int(a["ModifyIndex"]) for a in mine)
+            return floored(sim.table_index["allocs"])
+
+        index = await block(sim, request, index_of)
+        # Node read lets a token list them, and it sees those of the namespaces it may read.
+        permissions = sim.permissions(t)
+        shown = [
+            alloc_full(a)
+            for a in allocs()
+            if permissions is None or permissions.allow_namespace_op(a["Namespace"], "read-job")
+        ]
+        return reply(shown, index)
 
     async def node_drain(
         self, request: web.Request, p: dict[str, str], t: JSON | None
     ) -> web.Response:
         node_id = self._node_id(p)
         body = await read_json(request, required=False)
+        meta: dict[str, str] | None = None
         if body is None:
             # Old clients send ?enable= without a body.
             enable, deadline, eligible = parse_bool(request, "enable"), 0.0, False
         elif isinstance(body, dict):
+            meta = body.get("Meta") or None
+            if meta is not None and not (
+                isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())
+            ):
+                raise bad_request("Failed to decode request body: Meta must map strings")
             spec = body.get("DrainSpec")
             if spec is not None and not isinstance(spec, dict):
                 raise bad_request("Failed to decode request body: DrainSpec must be an object")
@@ -78,7 +112,8 @@ class NodeRoutes(RouteGroup):
             eligible = bool(body.get("MarkEligible"))
         else:
             raise bad_request(NOT_AN_OBJECT)
-        out = await self.sim.drain_node(node_id, deadline, enable, eligible)
+        accessor = t["AccessorID"] if t is not None else ""
+        out = await self.sim.drain_node(node_id, deadline, enable, eligible, meta, accessor)
         return write_reply(out)
 
     async def node_elig(
@@ -97,3 +132,24 @@ class NodeRoutes(RouteGroup):
     ) -> web.Response:
         out = self.sim.evaluate_node(self._node_id(p))
         return write_reply(out)
+
+    async def node_purge(
+        self, request: web.Request, p: dict[str, str], t: JSON | None
+    ) -> web.Response:
+        return write_reply(self.sim.node_registry.purge(p["id"]))
+
+    async def client_stats(
+        self, request: web.Request, p: dict[str, str], t: JSON | None
+    ) -> web.Response:
+        """A client's host statistics, through the server: the simulated clients all run
+        on this host, so these are this host's memory and the disk of the allocation
+        directories (no per-CPU figures)."""
+        node_id = request.query.get("node_id", "")
+        if not node_id:
+            raise bad_request("No local Node and node_id not provided")
+        node = self.sim.nodes.get(node_id)
+        if node is None:
+            raise ApiError(404, f"Unknown node {node_id}")
+        if node["Status"] == "down":
+            raise ApiError(404, "No path to node")
+        return reply(host_stats(self.sim.sandboxes.root_dir()))

@@ -8,15 +8,15 @@ from controller.lab.simulator.acl_policy import Permissions
 from controller.lab.simulator.authz import denied
 from controller.lab.simulator.routes import (
     RouteGroup,
-    found,
     index_reply,
     read_object,
     with_next_token,
 )
-from controller.lab.simulator.util import JSON, bad_request
+from controller.lab.simulator.util import JSON, ApiError, bad_request
 from controller.lab.simulator.views import paginate
 from controller.lab.simulator.wire import (
     AddRoute,
+    floored,
     namespace_of,
     parse_int,
     reply,
@@ -49,7 +49,7 @@ class VariableRoutes(RouteGroup):
             parse_int(request, "per_page") or 0,
             query.keep,
         )
-        return with_next_token(reply(page, query.index), nxt)
+        return with_next_token(reply(page, floored(query.index)), nxt)
 
     async def var_read(
         self, request: web.Request, p: dict[str, str], t: JSON | None
@@ -57,7 +57,11 @@ class VariableRoutes(RouteGroup):
         key = (namespace_of(request), p["path"])
         permissions = self._permitted(t, key[0], key[1], "read")
         index = await self.block_on_object(request, "vars", lambda: self.sim.vars.get(key))
-        var = found(self.sim.vars.get(key), "variable")
+        var = self.sim.vars.get(key)
+        if var is None:
+            # With the index of the variables table (at least 1): a blocking read can go
+            # on from it until the variable comes.
+            raise ApiError(404, "variable not found", floored(index))
         return reply(self._shown(var, permissions), index)
 
     async def var_put(

@@ -48,27 +48,40 @@ READ_JOB = namespace("read-job")
 ALLOC_EXEC = "alloc-exec"
 ALLOC_NODE_EXEC = "alloc-node-exec"  # as well, for a task whose driver isolates nothing
 READ_FS = "read-fs"
+READ_LOGS = "read-logs"
 SUBMIT_JOB = namespace("submit-job")
 
 RULES: dict[str, Rule] = {
     "AgentRoutes.leader": PUBLIC,
     "AgentRoutes.peers": PUBLIC,
     "AgentRoutes.regions": PUBLIC,
+    "AgentRoutes.jwks": PUBLIC,
+    "AgentRoutes.metrics": PUBLIC,  # Nomad checks no token for its metrics
     "AgentRoutes.agent_self": coarse("agent"),
+    "AgentRoutes.agent_health": PUBLIC,
+    "AgentRoutes.agent_members": coarse("node"),
+    "AgentRoutes.scheduler_config": coarse("operator"),
+    "AgentRoutes.scheduler_config_set": coarse("operator", write=True),
     "AgentRoutes.namespaces": IN_HANDLER,  # lists the namespaces the token may use
+    "AgentRoutes.namespace_read": IN_HANDLER,  # a namespace the token may use
+    "AgentRoutes.namespace_write": MANAGEMENT,
+    "AgentRoutes.namespace_delete": MANAGEMENT,
     "JobRoutes.jobs_list": IN_HANDLER,  # list-jobs; `namespace=*` lists the allowed ones
     "JobRoutes.job_register": IN_HANDLER,  # submit-job in the job's namespace
+    "JobRoutes.job_validate": IN_HANDLER,  # read-job in the job's namespace
     "JobRoutes.job_read": READ_JOB,
     "JobRoutes.job_deregister": SUBMIT_JOB,
     "JobRoutes.job_allocations": READ_JOB,
     "JobRoutes.job_evaluations": READ_JOB,
     "JobRoutes.job_versions": READ_JOB,
     "JobRoutes.job_summary": READ_JOB,
+    "JobRoutes.job_submission": READ_JOB,
     "JobRoutes.job_deployments": READ_JOB,
     "JobRoutes.job_deployment": READ_JOB,
     "JobRoutes.job_evaluate": READ_JOB,
     "JobRoutes.job_plan": SUBMIT_JOB,
     "JobRoutes.job_dispatch": namespace("dispatch-job"),
+    "JobRoutes.job_periodic_force": namespace("dispatch-job", "submit-job"),
     "JobRoutes.job_revert": SUBMIT_JOB,
     "JobRoutes.job_stable": SUBMIT_JOB,
     "JobRoutes.job_scale": namespace("scale-job", "submit-job"),
@@ -77,16 +90,21 @@ RULES: dict[str, Rule] = {
     "AllocRoutes.alloc_read": IN_HANDLER,  # read-job in the allocation's namespace
     "AllocRoutes.alloc_stop": IN_HANDLER,  # alloc-lifecycle in the allocation's namespace
     "AllocRoutes.evals_list": IN_HANDLER,
+    "AllocRoutes.evals_delete": MANAGEMENT,
     "AllocRoutes.eval_read": IN_HANDLER,
     "AllocRoutes.eval_allocs": IN_HANDLER,
     "AllocRoutes.deployments_list": IN_HANDLER,
     "AllocRoutes.deployment_read": IN_HANDLER,
+    "AllocRoutes.deployment_allocs": IN_HANDLER,  # read-job in the deployment's namespace
+    "AllocRoutes.deployment_update": IN_HANDLER,  # submit-job in the deployment's namespace
     "NodeRoutes.nodes_list": coarse("node"),
     "NodeRoutes.node_read": coarse("node"),
     "NodeRoutes.node_allocs": coarse("node"),
     "NodeRoutes.node_drain": coarse("node", write=True),
     "NodeRoutes.node_elig": coarse("node", write=True),
     "NodeRoutes.node_evaluate": coarse("node", write=True),
+    "NodeRoutes.client_stats": coarse("node"),
+    "NodeRoutes.node_purge": coarse("node", write=True),
     "EventRoutes.event_stream": IN_HANDLER,  # per topic
     "VariableRoutes.vars_list": IN_HANDLER,  # `list` per path; others are left out
     "VariableRoutes.var_read": IN_HANDLER,  # `read` on the path
@@ -98,6 +116,13 @@ RULES: dict[str, Rule] = {
     "AclRoutes.acl_token_self": ANY_TOKEN,
     "AclRoutes.acl_token_read": MANAGEMENT,
     "AclRoutes.acl_token_delete": MANAGEMENT,
+    "AclRoutes.acl_one_time_token": ANY_TOKEN,  # for the caller's own token
+    "AclRoutes.acl_one_time_exchange": PUBLIC,
+    "AclRoutes.acl_roles": IN_HANDLER,  # a client token sees its own roles
+    "AclRoutes.acl_role_read": IN_HANDLER,  # ... and may read them
+    "AclRoutes.acl_role_by_name": IN_HANDLER,
+    "AclRoutes.acl_role_write": MANAGEMENT,
+    "AclRoutes.acl_role_delete": MANAGEMENT,
     "AclRoutes.acl_policies": IN_HANDLER,  # a client token sees its own policies
     "AclRoutes.acl_policy_read": IN_HANDLER,  # ... and may read them
     "AclRoutes.acl_policy_put": MANAGEMENT,

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from controller.lab.simulator.jobspec import group_images, group_resources
 from controller.lab.simulator.scheduler import STOP_MIGRATING, Scheduler, name_index
 from controller.lab.simulator.store import TERMINAL, Store
-from controller.lab.simulator.util import JSON, bad_request, iso_now, now_ns
+from controller.lab.simulator.util import JSON, bad_request, iso_now, now_ns, parse_go_duration
+
+MOCK_DRIVER = "mock_driver"
+# What a client reports with every update of an allocation in host networking mode.
+HOST_NETWORK_STATUS: JSON = {"InterfaceName": "", "Address": "", "AddressIPv6": "", "DNS": None}
+# A task's output, written where the client's log collector puts it (set by the Simulator).
+WriteLog = Callable[[JSON, str, str, bytes], None]
 
 if TYPE_CHECKING:
     from controller.lab.simulator.nodes import NodeRegistry
@@ -22,6 +29,11 @@ class Clients:
         self.scheduler = scheduler
         self.start_delay = start_delay  # from placement or stop to the client's report
         self.fail_images: set[str] = set()
+        self.write_log: WriteLog | None = None
+        # Allocations running mock_driver tasks: the tasks still running, and the exit
+        # code or error message of each one that has ended.
+        self._mock_running: dict[str, set[str]] = {}
+        self._mock_exits: dict[str, list[tuple[int, str]]] = {}
 
     def start_soon(self, alloc_id: str) -> None:
         self.store.later(self.start_delay, self._start, alloc_id)
@@ -44,9 +56,67 @@ class Clients:
             tasks = _task_states(alloc, "dead", True, [received, *events])
             self._update(alloc, "failed", "Failed tasks", tasks)
             return
+        mock = {
+            t["Name"]: t.get("Config") or {} for t in group["Tasks"] if t["Driver"] == MOCK_DRIVER
+        }
+        start_error = next(
+            (str(c["start_error"]) for c in mock.values() if c.get("start_error")), ""
+        )
+        if start_error:
+            events = _driver_failure(start_error, now)
+            tasks = _task_states(alloc, "dead", True, [received, *events])
+            self._update(alloc, "failed", "Failed tasks", tasks)
+            return
         started = _task_event("Started", now, "Task started by client")
         tasks = _task_states(alloc, "running", False, [received, started])
         self._update(alloc, "running", "Tasks are running", tasks)
+        if mock:
+            self._run_mock(alloc, mock, all_mock=len(mock) == len(group["Tasks"]))
+
+    # ------------------------------------------------------------------ mock_driver
+    def _run_mock(self, alloc: JSON, tasks: dict[str, JSON], all_mock: bool) -> None:
+        """Nomad's test driver (`mock_driver`): each task writes `stdout_string` and
+        `stderr_string` (then `*_repeat` more times, `*_repeat_duration` apart) and exits
+        after `run_for` (0: at once) with `exit_code` (or the error `exit_err_msg`). The
+        allocation ends when the last of its tasks does, if all of them are mock tasks:
+        complete, or failed when one exited non-zero or with an error."""
+        alloc_id = alloc["ID"]
+        if all_mock:
+            self._mock_running[alloc_id] = set(tasks)
+            self._mock_exits[alloc_id] = []
+        for name, config in tasks.items():
+            for stream in ("stdout", "stderr"):
+                output = str(config.get(f"{stream}_string") or "").encode()
+                if not output:
+                    continue
+                every = _duration(config.get(f"{stream}_repeat_duration"))
+                for i in range(1 + int(config.get(f"{stream}_repeat") or 0)):
+                    self.store.later(i * every, self._mock_output, alloc_id, name, stream, output)
+            exit_code = int(config.get("exit_code") or 0)
+            message = str(config.get("exit_err_msg") or "")
+            run_for = _duration(config.get("run_for"))
+            self.store.later(run_for, self._mock_exit, alloc_id, name, exit_code, message)
+
+    def _mock_output(self, alloc_id: str, task: str, stream: str, data: bytes) -> None:
+        alloc = self.store.allocs.get(alloc_id)
+        if alloc is not None and alloc["ClientStatus"] == "running" and self.write_log:
+            self.write_log(alloc, task, stream, data)
+
+    def _mock_exit(self, alloc_id: str, task: str, exit_code: int, message: str) -> None:
+        running = self._mock_running.get(alloc_id)
+        alloc = self.store.allocs.get(alloc_id)
+        if running is None or task not in running:
+            return
+        running.discard(task)
+        self._mock_exits[alloc_id].append((exit_code, message))
+        if running:
+            return
+        exits = self._mock_exits.pop(alloc_id)
+        del self._mock_running[alloc_id]
+        if alloc is None or alloc["ClientStatus"] != "running" or alloc["DesiredStatus"] != "run":
+            return
+        code, error = max(exits, key=lambda e: (e[0] != 0 or bool(e[1]), e[0]))
+        self._exit(alloc, code, error)
 
     def _stop(self, alloc_id: str) -> None:
         alloc = self.store.allocs.get(alloc_id)
@@ -65,6 +135,7 @@ class Clients:
         alloc["ClientStatus"] = status
         alloc["ClientDescription"] = description
         alloc["TaskStates"] = tasks
+        alloc["NetworkStatus"] = HOST_NETWORK_STATUS
         txn.alloc(alloc)
         if status in TERMINAL:
             self.scheduler.placement.release(alloc["ID"])
@@ -81,13 +152,18 @@ class Clients:
             self.store.later(0, self.scheduler.deployment_progress, alloc["DeploymentID"])
 
     # ------------------------------------------------------------------ API
-    def stop_allocation(self, alloc_id: str, reschedule: bool = False) -> JSON:
+    def stop_allocation(
+        self, alloc_id: str, reschedule: bool = False, no_shutdown_delay: bool = False
+    ) -> JSON:
         alloc = self.store.alloc(alloc_id)
         txn = self.store.txn("AllocationUpdateDesiredStatus")
-        transition = {**alloc["DesiredTransition"], "Migrate": True}
-        if reschedule:
-            transition["Reschedule"] = True
-        alloc["DesiredTransition"] = transition
+        # As Nomad's Alloc.Stop: all three set, each as asked.
+        alloc["DesiredTransition"] = {
+            **alloc["DesiredTransition"],
+            "Migrate": True,
+            "Reschedule": reschedule,
+            "NoShutdownDelay": no_shutdown_delay,
+        }
         txn.alloc(alloc)
         ev = self.scheduler.new_eval(txn, alloc["Job"], "alloc-stop")
         self.store.commit(txn)
@@ -164,9 +240,14 @@ class Clients:
         alloc = self.store.alloc(alloc_id)
         if alloc["ClientStatus"] in TERMINAL:
             raise bad_request("alloc is already terminal")
-        now = now_ns()
-        ev = _task_event("Terminated", now, f"Exit Code: {1 if failed else 0}", fails=failed)
-        ev["ExitCode"] = 1 if failed else 0
+        self._exit(alloc, 1 if failed else 0, "")
+
+    def _exit(self, alloc: JSON, exit_code: int, error: str) -> None:
+        """The allocation's tasks have exited: complete, or failed (non-zero, or an error)."""
+        failed = exit_code != 0 or bool(error)
+        message = f"Exit Code: {exit_code}" + (f", Exit Message: {error!r}" if error else "")
+        ev = _task_event("Terminated", now_ns(), message, fails=failed)
+        ev["ExitCode"] = exit_code
         tasks = _task_states(alloc, "dead", failed, [ev])
         if failed:
             self._update(alloc, "failed", "Failed tasks", tasks)
@@ -206,11 +287,16 @@ def _failed_start(image: str, now: int) -> list[JSON]:
     task runner emits them: the setup, the docker driver's pull, its error (which the
     driver marks unrecoverable for an image that does not exist), then the restart
     tracker's verdict, the event that fails the task."""
-    setup = _task_event("Task Setup", now, "Building Task Directory")
-    setup["Message"] = "Building Task Directory"
     pulling = _task_event("Driver", now, "Downloading image")
     pulling["DriverMessage"] = "Downloading image"
-    error = f"Failed to pull `{image}`: simulated start failure"
+    events = _driver_failure(f"Failed to pull `{image}`: simulated start failure", now)
+    return [events[0], pulling, *events[1:]]
+
+
+def _driver_failure(error: str, now: int) -> list[JSON]:
+    """The task events after `Received` of a task its driver fails to start."""
+    setup = _task_event("Task Setup", now, "Building Task Directory")
+    setup["Message"] = "Building Task Directory"
     failure = _task_event("Driver Failure", now, error)
     failure["DriverError"] = error
     failure["Details"] = {"driver_error": error}
@@ -218,7 +304,15 @@ def _failed_start(image: str, now: int) -> list[JSON]:
     final = _task_event("Not Restarting", now, verdict, fails=True)
     final["RestartReason"] = verdict
     final["Details"] = {"restart_reason": verdict, "fails_task": "true"}
-    return [setup, pulling, failure, final]
+    return [setup, failure, final]
+
+
+def _duration(value: Any) -> float:
+    """A mock_driver duration ("1s", "500ms"); none or a bad one is 0."""
+    try:
+        return max(parse_go_duration(str(value)), 0.0) if value else 0.0
+    except ValueError:
+        return 0.0
 
 
 def _task_event(kind: str, now: int, message: str, fails: bool = False) -> JSON:

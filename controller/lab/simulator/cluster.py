@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -11,13 +12,19 @@ from controller.lab.simulator.acl_policy import Permissions
 from controller.lab.simulator.api import ApiFaults
 from controller.lab.simulator.audit import WriteAudit
 from controller.lab.simulator.clients import Clients
+from controller.lab.simulator.deployments import Deployments
 from controller.lab.simulator.jobs import JobRegistry
+from controller.lab.simulator.keyring import Keyring
+from controller.lab.simulator.namespaces import NamespaceRegistry
 from controller.lab.simulator.nodes import NodeRegistry
+from controller.lab.simulator.operator import SchedulerConfig
 from controller.lab.simulator.sandbox import Sandboxes
 from controller.lab.simulator.scheduler import Scheduler
 from controller.lab.simulator.store import JobKey, JobRecord, Store
-from controller.lab.simulator.util import JSON, WALL_CLOCK
+from controller.lab.simulator.util import JSON, WALL_CLOCK, now_ns
 from controller.lab.simulator.variables import VariableRegistry, VarKey, var_meta
+
+DEFAULT_NODES = ("sim-node-1", "sim-node-2", "sim-node-3")
 
 
 class Simulator:
@@ -56,9 +63,17 @@ class Simulator:
         self.register_job = self.job_registry.register_job
         self.variable_registry = VariableRegistry(self.store, lock_time_scale)
         self.acl = Acl(self.store, acl_enabled)
+        self.keyring = Keyring(seed)
+        self.deployment_ops = Deployments(self.store, self.scheduler)
+        self.namespace_registry = NamespaceRegistry(self.store, lambda: self.variable_registry.vars)
+        self.job_registry.namespace_exists = lambda ns: ns in self.namespace_registry.namespaces
+        # Written with the default namespace, in the leader's first apply.
+        first = self.namespace_registry.namespaces["default"]["CreateIndex"]
+        self.scheduler_config = SchedulerConfig(self.store, self.scheduler, first)
         self.api_faults = ApiFaults()
         # The clients' allocation directories; `local` runs execs there as real processes.
         self.sandboxes = Sandboxes(self.store, exec_mode)
+        self.clients.write_log = self.sandboxes.write_log  # a mock_driver task's output
         self.write_latency_ms = write_latency_ms
         self.heartbeat_seconds = heartbeat_seconds  # of the event stream
         self.advertise = "127.0.0.1"
@@ -80,7 +95,7 @@ class Simulator:
         self.audit = WriteAudit(self.vars)
         self.tokens = self.acl.tokens
         self.policies = self.acl.policies
-        for name in nodes or ["sim-node-1", "sim-node-2", "sim-node-3"]:
+        for name in DEFAULT_NODES if nodes is None else nodes:
             self.node_registry.register(name, node_cpu, node_memory_mb)
 
     # ------------------------------------------------------------------ settings
@@ -132,8 +147,17 @@ class Simulator:
         self.sandboxes.shutdown()
 
     # ------------------------------------------------------------------ jobs
-    def deregister_job(self, job_id: str, namespace: str = "default", purge: bool = False) -> JSON:
-        return self.job_registry.deregister_job(job_id, namespace, purge)
+    def deregister_job(
+        self,
+        job_id: str,
+        namespace: str = "default",
+        purge: bool = False,
+        eval_priority: int = 0,
+        no_shutdown_delay: bool = False,
+    ) -> JSON:
+        return self.job_registry.deregister_job(
+            job_id, namespace, purge, eval_priority, no_shutdown_delay
+        )
 
     def evaluate_job(self, job_id: str, namespace: str = "default") -> JSON:
         return self.job_registry.evaluate_job(job_id, namespace)
@@ -160,8 +184,10 @@ class Simulator:
     def alloc(self, alloc_id: str) -> JSON:
         return self.store.alloc(alloc_id)
 
-    def stop_allocation(self, alloc_id: str, reschedule: bool = False) -> JSON:
-        return self.clients.stop_allocation(alloc_id, reschedule)
+    def stop_allocation(
+        self, alloc_id: str, reschedule: bool = False, no_shutdown_delay: bool = False
+    ) -> JSON:
+        return self.clients.stop_allocation(alloc_id, reschedule, no_shutdown_delay)
 
     # ------------------------------------------------------------------ nodes
     def node_id(self, name_or_id: str) -> str:
@@ -173,12 +199,14 @@ class Simulator:
         deadline_seconds: float | None = 3600.0,
         enable: bool = True,
         mark_eligible: bool = False,
+        meta: dict[str, str] | None = None,
+        accessor_id: str = "",
     ) -> JSON:
         """Drain a node, or with `enable=False` stop draining it: the drain API, and a
         fault (/_sim/drain_node)."""
         if enable:
-            return self.node_registry.start_drain(node_name, deadline_seconds)
-        return self.node_registry.stop_drain(node_name, mark_eligible)
+            return self.node_registry.start_drain(node_name, deadline_seconds, meta, accessor_id)
+        return self.node_registry.stop_drain(node_name, mark_eligible, meta, accessor_id)
 
     def set_eligibility(self, node_id: str, eligible: bool) -> JSON:
         return self.node_registry.set_eligibility(node_id, eligible)
@@ -300,6 +328,7 @@ class Simulator:
         self.scheduler.lose_state()
         self.job_registry.lose_state()
         self.variable_registry.lose_state()
+        self.namespace_registry.lose_state()
         self.node_registry.rejoin()
 
     # ================================================================== inspection
@@ -326,6 +355,13 @@ class Simulator:
 
     def node_names(self) -> list[str]:
         return list(self.store.node_by_name)
+
+    def metrics_summary(self) -> JSON:
+        """`/v1/metrics` (go-metrics' summary of the current 10 s interval): the simulator
+        keeps no telemetry, so it has a timestamp and no values."""
+        interval = now_ns() // 10**10 * 10
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S +0000 UTC", time.gmtime(interval))
+        return {"Timestamp": stamp, "Gauges": [], "Points": [], "Counters": [], "Samples": []}
 
     def snapshot(self) -> JSON:
         """Counts and counters, for /_sim/state and benchmarks."""

@@ -6,10 +6,11 @@ import argparse
 import asyncio
 import contextlib
 import signal
+import socket
 import ssl
 import sys
 
-from controller.lab.simulator.cluster import Simulator
+from controller.lab.simulator.cluster import DEFAULT_NODES, Simulator
 from controller.lab.simulator.server import start_sim
 
 
@@ -33,8 +34,30 @@ def _ssl_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
     return context
 
 
-async def _serve(sim: Simulator, host: str, port: int, context: ssl.SSLContext | None) -> None:
-    server = await start_sim(sim, host, port, context)
+def _inherited_socket(fd: int | None) -> socket.socket | None:
+    """The listening TCP socket a starter bound and handed down as file descriptor `fd`."""
+    if fd is None:
+        return None
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError as exc:
+        raise ValueError(f"invalid --listen-fd {fd}: {exc}") from None
+    if sock.type != socket.SOCK_STREAM or not sock.getsockopt(
+        socket.SOL_SOCKET, socket.SO_ACCEPTCONN
+    ):
+        sock.detach()
+        raise ValueError(f"invalid --listen-fd {fd}: not a listening TCP socket")
+    return sock
+
+
+async def _serve(
+    sim: Simulator,
+    host: str,
+    port: int,
+    context: ssl.SSLContext | None,
+    listening: socket.socket | None,
+) -> None:
+    server = await start_sim(sim, host, port, context, listening)
     print(f"nomad simulator listening on {server.url}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -52,7 +75,10 @@ def main(args: argparse.Namespace) -> int:
     try:
         host, port = _parse_listen(args.listen)
         context = _ssl_context(args.tls_cert, args.tls_key)
-        nodes = args.nodes or ["sim-node-1", "sim-node-2", "sim-node-3"]
+        listening = _inherited_socket(args.listen_fd)
+        if args.no_client and args.nodes:
+            raise ValueError("--no-client and --node exclude each other")
+        nodes = [] if args.no_client else args.nodes or list(DEFAULT_NODES)
         for name in nodes:
             if not name or not name.strip():
                 raise ValueError(f"invalid --node {name!r}")
@@ -69,7 +95,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"poolkeeper sim: {exc}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(_serve(sim, host, port, context))
+        asyncio.run(_serve(sim, host, port, context, listening))
     except OSError as exc:
         print(f"poolkeeper sim: cannot listen on {args.listen!r}: {exc}", file=sys.stderr)
         return 2

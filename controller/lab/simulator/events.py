@@ -83,6 +83,7 @@ class EventBroker:
         self.buffer: deque[BufferItem] = deque(maxlen=size)
         self.next_seq = 0
         self.generation = 0  # bumped to disconnect every stream
+        self.closing = False  # the agent shuts down: streams end cleanly
         self._changed = asyncio.Event()
         self.drop_until = 0.0
         self.duplicate_until = 0.0
@@ -128,6 +129,12 @@ class EventBroker:
     def _wake(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
+
+    def close(self) -> None:
+        """The agent shuts down: every stream ends, as an HTTP response ends (the client
+        reads the end of the body, not a cut connection)."""
+        self.closing = True
+        self._wake()
 
     # -- faults ----------------------------------------------------------------
     def disconnect_all(self) -> None:

@@ -5,17 +5,24 @@ from __future__ import annotations
 import bisect
 import copy
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from controller.lab.simulator.deployments import ACTIVE
 from controller.lab.simulator.jobspec import canonicalize, spec_of
 from controller.lab.simulator.scheduler import Scheduler
 from controller.lab.simulator.store import JobKey, JobRecord, Store
 from controller.lab.simulator.util import JSON, ApiError, bad_request, not_found, now_ns
 
 ENFORCE_PREFIX = "Enforcing job modify index"
+SCALING_EVENTS_KEPT = 20  # per task group (Nomad's JobTrackedScalingEvents)
 
 
 class JobRegistry:
+    # Set by the Simulator: whether a namespace exists (a job may only be in one that does).
+    namespace_exists: Callable[[str], bool] = staticmethod(lambda namespace: True)
+
     def __init__(self, store: Store, scheduler: Scheduler) -> None:
         self.store = store
         self.scheduler = scheduler
@@ -51,30 +58,55 @@ class JobRegistry:
         enforce_index: bool = False,
         job_modify_index: int = 0,
         trigger: str = "job-register",
+        options: RegisterOptions | None = None,
     ) -> JSON:
         """Register (create or update) a job; returns the JobRegisterResponse body."""
+        options = options or RegisterOptions()
         ns = namespace or (raw.get("Namespace") if isinstance(raw, dict) else None) or "default"
         job = canonicalize(raw, ns)
+        self.admit(job)
         key = (ns, job["ID"])
         rec = self.store.jobs.get(key)
         self.store.counters["register_calls"] += 1
         if enforce_index:
             _enforce(rec, job_modify_index)
+        if rec is not None:
+            _preserve(job, rec.job, options)
         if rec is not None and spec_of(rec.job) == spec_of(job):
             # Unchanged spec: no new version, only an evaluation.
-            eval_id, index = self._evaluate(rec, trigger)
+            eval_id, index = self._evaluate(rec, trigger, options.eval_priority)
             return _register_reply(eval_id, index, rec.job["ModifyIndex"], index)
-        return self._upsert_job(rec, job, trigger, "JobRegistered")
+        return self._upsert_job(rec, job, trigger, "JobRegistered", options)
 
-    def _evaluate(self, rec: JobRecord, trigger: str) -> tuple[str, int]:
+    def admit(self, job: JSON) -> None:
+        """Nomad's admission check of a job to register or plan: its namespace exists."""
+        if not self.namespace_exists(job["Namespace"]):
+            raise ApiError(
+                500, f'job "{job["ID"]}" is in nonexistent namespace "{job["Namespace"]}"'
+            )
+
+    def _evaluate(self, rec: JobRecord, trigger: str, priority: int = 0) -> tuple[str, int]:
         """A new eval for the job as it is: (eval ID, index)."""
         txn = self.store.txn("EvaluationUpdated")
-        ev = self.scheduler.new_eval(txn, rec.job, trigger)
+        ev = self.scheduler.new_eval(txn, rec.job, trigger, **_priority(priority))
         self.store.commit(txn)
         self.scheduler.schedule(ev["ID"])
         return ev["ID"], txn.index
 
-    def _upsert_job(self, rec: JobRecord | None, job: JSON, trigger: str, etype: str) -> JSON:
+    def submission(self, namespace: str, job_id: str, version: int) -> JSON | None:
+        """The source a version of the job was registered from, if it came with one."""
+        rec = self.store.jobs.get((namespace, job_id))
+        return rec.submissions.get(version) if rec is not None else None
+
+    def _upsert_job(
+        self,
+        rec: JobRecord | None,
+        job: JSON,
+        trigger: str,
+        etype: str,
+        options: RegisterOptions | None = None,
+    ) -> JSON:
+        options = options or RegisterOptions()
         store = self.store
         key = (job["Namespace"], job["ID"])
         txn = store.txn(etype)
@@ -94,6 +126,14 @@ class JobRegistry:
             StatusDescription="",
         )
         rec.versions.append(job)
+        if options.submission is not None:
+            rec.submissions[job["Version"]] = {
+                **options.submission,
+                "Namespace": key[0],
+                "JobID": key[1],
+                "Version": job["Version"],
+                "JobModifyIndex": txn.index,
+            }
         store.counters["job_versions"] += 1
         txn.job(job)
         store.commit(txn)
@@ -102,7 +142,7 @@ class JobRegistry:
             return _register_reply("", 0, job["JobModifyIndex"], txn.index)
         # The eval is written in a second transaction with the same index.
         etxn = store.txn(etype, txn.index)
-        ev = self.scheduler.new_eval(etxn, job, trigger)
+        ev = self.scheduler.new_eval(etxn, job, trigger, **_priority(options.eval_priority))
         store.commit(etxn)
         self.scheduler.schedule(ev["ID"])
         return _register_reply(ev["ID"], txn.index, job["JobModifyIndex"], txn.index)
@@ -113,7 +153,14 @@ class JobRegistry:
             txn.jobs.add(rec.key)
             self.store.commit(txn)
 
-    def deregister_job(self, job_id: str, namespace: str = "default", purge: bool = False) -> JSON:
+    def deregister_job(
+        self,
+        job_id: str,
+        namespace: str = "default",
+        purge: bool = False,
+        eval_priority: int = 0,
+        no_shutdown_delay: bool = False,
+    ) -> JSON:
         store = self.store
         key = (namespace, job_id)
         rec = store.jobs.get(key)
@@ -129,6 +176,12 @@ class JobRegistry:
             }
         txn = store.txn("JobDeregistered")
         job = rec.job
+        if no_shutdown_delay:
+            # In the same apply, every allocation of the job is told to skip its delay.
+            for alloc_id in store.job_allocs.get(key, ()):
+                alloc = store.allocs[alloc_id]
+                alloc["DesiredTransition"] = {**alloc["DesiredTransition"], "NoShutdownDelay": True}
+                txn.alloc(alloc)
         if purge:
             self._forget(key)
             txn.job(job)
@@ -144,7 +197,7 @@ class JobRegistry:
             txn.job(job)
         store.commit(txn)
         etxn = store.txn("JobDeregistered", txn.index)
-        ev = self.scheduler.new_eval(etxn, job, "job-deregister")
+        ev = self.scheduler.new_eval(etxn, job, "job-deregister", **_priority(eval_priority))
         store.commit(etxn)
         self.scheduler.schedule(ev["ID"])
         return {
@@ -211,6 +264,36 @@ class JobRegistry:
             "LastContact": 0,
         }
 
+    def force_periodic(self, job_id: str, namespace: str) -> JSON:
+        """Nomad's Periodic.Force: launch the periodic job now, as a child job
+        `<id>/periodic-<unix time>` (the periodic block removed) with its eval. A second
+        launch in the same second is the same child: registered again, a new eval."""
+        rec = self.store.jobs.get((namespace, job_id))
+        if rec is None:
+            raise ApiError(500, "job not found")
+        parent = rec.job
+        if not parent.get("Periodic"):
+            raise ApiError(500, "can't force launch non-periodic job")
+        if parent.get("Stop") or not parent["Periodic"].get("Enabled", True):
+            raise ApiError(
+                500,
+                f'force launch for job "{job_id}" failed: '
+                f'can\'t force run non-tracked job "{job_id}" ({namespace})',
+            )
+        child_id = f"{job_id}/periodic-{now_ns() // 10**9}"
+        child = {
+            k: v
+            for k, v in parent.items()
+            if k not in ("Periodic", "Version", "Status", "CreateIndex", "ModifyIndex")
+        }
+        child.update(ID=child_id, Name=child_id, ParentID=job_id)
+        out = self.register_job(copy.deepcopy(child), namespace, trigger="periodic-job")
+        return {
+            "EvalID": out["EvalID"],
+            "EvalCreateIndex": out["EvalCreateIndex"],
+            "Index": out["EvalCreateIndex"],
+        }
+
     def revert_job(self, job_id: str, namespace: str, version: int, enforce: Any) -> JSON:
         rec = self.record(namespace, job_id)
         if enforce is not None and enforce != rec.job["Version"]:
@@ -239,27 +322,80 @@ class JobRegistry:
         return {"JobModifyIndex": txn.index, "Index": txn.index}
 
     def scale_job(self, job_id: str, namespace: str, body: JSON) -> JSON:
+        """Nomad's Job.Scale: with a Count, a new version with the group's count and an
+        eval; without one (or with Error), only a scaling event. Every call records an
+        event in the group's history (ScaleStatus shows the 20 newest, newest first)."""
+        target = body.get("Target") or {}
+        if not isinstance(target, dict):
+            raise bad_request("Failed to decode request body: Target must be an object")
+        if target.get("Job", "") not in ("", job_id):
+            raise bad_request("job ID in payload did not match URL")
+        if target.get("Namespace", "") not in ("", namespace):
+            raise bad_request("namespace in payload did not match header")
+        group_name = target.get("Group") or ""
+        if not group_name:
+            raise bad_request("missing task group name for scaling action")
+        count = body.get("Count")
+        if count is not None:
+            if isinstance(count, bool) or not isinstance(count, int):
+                raise bad_request("Failed to decode request body: Count must be a number")
+            if count < 0:
+                raise bad_request("scaling action count can't be negative")
+            if body.get("Error"):
+                raise bad_request("scaling action should not contain count if error is true")
         rec = self.store.jobs.get((namespace, job_id))
         if rec is None:
             raise ApiError(404, f'job "{job_id}" not found')
-        target = body.get("Target") or {}
-        group_name = target.get("Group")
-        groups = [g for g in rec.job["TaskGroups"] if g["Name"] == group_name]
-        if not groups:
+        group = next((g for g in rec.job["TaskGroups"] if g["Name"] == group_name), None)
+        if group is None:
             raise bad_request(
-                f"task group {group_name!r} specified for scaling does not exist in job"
+                f'task group "{group_name}" specified for scaling does not exist in job'
             )
+        event: JSON = {
+            "Time": now_ns(),
+            "Count": count,
+            "PreviousCount": group["Count"],
+            "Message": body.get("Message") or "",
+            "Error": bool(body.get("Error")),
+            "Meta": body.get("Meta"),
+            "EvalID": None,
+        }
+        out = _register_reply("", 0, rec.job["ModifyIndex"], 0)
+        if count is not None:
+            out = self._scale_count(rec, group, count, body)
+            event["EvalID"] = out["EvalID"] or None
+        # The event is a write of its own (Nomad's ScalingEventRegisterRequest).
+        txn = self.store.txn("ScalingEventRegistered")
+        event["CreateIndex"] = txn.index
+        history = rec.scaling_events.setdefault(group_name, [])
+        history.insert(0, event)
+        del history[SCALING_EVENTS_KEPT:]
+        rec.scaling_index = txn.index
+        txn.tables.add("scaling_event")
+        self.store.commit(txn)
+        return {**out, "Index": txn.index}
+
+    def _scale_count(self, rec: JobRecord, group: JSON, count: int, body: JSON) -> JSON:
+        """The new version of a scaling with a count, and its eval."""
+        policy = group.get("Scaling") or {}
+        if policy.get("Min") is not None and count < policy["Min"]:
+            raise bad_request(
+                f"group count was less than scaling policy minimum: {count} < {policy['Min']}"
+            )
+        if policy.get("Max") is not None and policy["Max"] < count:
+            raise bad_request(
+                f"group count was greater than scaling policy maximum: {count} > {policy['Max']}"
+            )
+        if rec.deployment_ids:
+            latest = self.store.deployments[rec.deployment_ids[-1]]
+            if latest["Status"] in ACTIVE and (latest["JobCreateIndex"] == rec.create_index):
+                raise bad_request("job scaling blocked due to active deployment")
         if body.get("JobModifyIndex"):
             _enforce(rec, int(body["JobModifyIndex"]))
-        count = body.get("Count")
-        if count is None:
-            raise bad_request("scaling action without a count is not supported")
-        if not isinstance(count, int) or count < 0:
-            raise bad_request("scaling action count can't be negative")
         job = copy.deepcopy(rec.job)
-        for group in job["TaskGroups"]:
-            if group["Name"] == group_name:
-                group["Count"] = count
+        for scaled in job["TaskGroups"]:
+            if scaled["Name"] == group["Name"]:
+                scaled["Count"] = count
         return self._upsert_job(rec, job, "job-scaling", "JobRegistered")
 
     # ------------------------------------------------------------------ reads
@@ -312,6 +448,39 @@ class JobRegistry:
         txn.job(rec.job)
         txn.tables.add("allocs")
         store.commit(txn)
+
+
+@dataclass(frozen=True)
+class RegisterOptions:
+    """What a registration may ask beyond the job (JobRegisterRequest)."""
+
+    # Keep the current version's counts (of the groups it has) and task resources.
+    preserve_counts: bool = False
+    preserve_resources: bool = False
+    eval_priority: int = 0  # the eval's priority instead of the job's (1-100; 0: the job's)
+    submission: JSON | None = None  # the source the job came from (Source, Format, ...)
+
+
+def _priority(eval_priority: int) -> JSON:
+    """The eval fields of an eval priority asked for (none: the job's priority)."""
+    return {"Priority": eval_priority} if eval_priority > 0 else {}
+
+
+def _preserve(job: JSON, current: JSON, options: RegisterOptions) -> None:
+    """Nomad's updatePreservedValues: group counts and task resources kept from the current
+    version, for the groups (and tasks) it has."""
+    groups = {g["Name"]: g for g in current["TaskGroups"]}
+    for group in job["TaskGroups"]:
+        before = groups.get(group["Name"])
+        if before is None:
+            continue
+        if options.preserve_counts:
+            group["Count"] = before["Count"]
+        if options.preserve_resources:
+            tasks = {t["Name"]: t for t in before["Tasks"]}
+            for task in group["Tasks"]:
+                if task["Name"] in tasks:
+                    task["Resources"] = copy.deepcopy(tasks[task["Name"]]["Resources"])
 
 
 def _enforce(rec: JobRecord | None, expected: int) -> None:

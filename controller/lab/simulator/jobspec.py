@@ -231,3 +231,91 @@ def group_resources(group: JSON) -> tuple[int, int]:
 
 def group_images(group: JSON) -> list[str]:
     return [str((t.get("Config") or {}).get("image", "")) for t in group.get("Tasks") or []]
+
+
+def validation_errors(job: JSON) -> list[str]:
+    """The errors of Nomad's Job.Validate that concern what the simulator reads (the
+    job's identity, type, priority, groups and tasks), in its words and order; [] for a
+    valid job. `job` is canonicalized (see `canonicalize_for_validation`)."""
+    errors: list[str] = []
+    if not job.get("Region"):
+        errors.append("Missing job region")
+    job_id = job.get("ID") or ""
+    if not job_id:
+        errors.append("Missing job ID")
+    elif " " in job_id:
+        errors.append("Job ID contains a space")
+    elif "\0" in job_id:
+        errors.append("Job ID contains a null character")
+    name = job.get("Name") or ""
+    if not name:
+        errors.append("Missing job name")
+    elif "\0" in name:
+        errors.append("Job Name contains a null character")
+    if not job.get("Namespace"):
+        errors.append("Job must be in a namespace")
+    if not job.get("Type"):
+        errors.append("Missing job type")
+    elif job["Type"] not in ("service", "batch", "system", "sysbatch"):
+        errors.append(f'Invalid job type: "{job["Type"]}"')
+    datacenters = job.get("Datacenters") or []
+    if not datacenters:
+        errors.append("Missing job datacenters")
+    elif any(not dc for dc in datacenters):
+        errors.append("Job datacenter must be non-empty string")
+    groups = job.get("TaskGroups") or []
+    if not groups:
+        errors.append("Missing job task groups")
+    seen: dict[str, int] = {}
+    for idx, group in enumerate(groups, 1):
+        group_name = group.get("Name") or ""
+        if not group_name:
+            errors.append(f"Job task group {idx} missing name")
+        elif group_name in seen:
+            errors.append(
+                f"Job task group {idx} redefines '{group_name}' from group {seen[group_name]}"
+            )
+        else:
+            seen[group_name] = idx
+        if job.get("Type") == "system" and (group.get("Count") or 0) > 1:
+            errors.append(
+                f"Job task group {group_name} has count {group['Count']}. "
+                "Count cannot exceed 1 with system scheduler"
+            )
+    for group in groups:
+        problems = _group_errors(group)
+        if problems:
+            errors.append(
+                f"Task group {group.get('Name') or ''} validation failed: {multierror(problems)}"
+            )
+    return errors
+
+
+def _group_errors(group: JSON) -> list[str]:
+    problems: list[str] = []
+    tasks = group.get("Tasks") or []
+    if not tasks:
+        problems.append("Missing tasks for task group")
+    seen: dict[str, int] = {}
+    for idx, task in enumerate(tasks, 1):
+        task_name = task.get("Name") or ""
+        if not task_name:
+            problems.append(f"Task {idx} missing name")
+        elif task_name in seen:
+            problems.append(f"Task {idx} redefines '{task_name}' from task {seen[task_name]}")
+        else:
+            seen[task_name] = idx
+    for task in tasks:
+        if not task.get("Driver"):
+            problems.append(
+                f"Task {task.get('Name') or ''} validation failed: "
+                + multierror(["Missing task driver"])
+            )
+    return problems
+
+
+def multierror(errors: list[str]) -> str:
+    """Go's multierror text, as Nomad's errors carry it."""
+    listed = "".join(f"\t* {e}\n" for e in errors)
+    noun = "error" if len(errors) == 1 else "errors"
+    return f"{len(errors)} {noun} occurred:\n{listed}\n"

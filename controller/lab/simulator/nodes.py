@@ -5,7 +5,20 @@ from __future__ import annotations
 from controller.lab.simulator.clients import Clients
 from controller.lab.simulator.scheduler import STOP_MIGRATING, Scheduler
 from controller.lab.simulator.store import TERMINAL, JobKey, Store, Txn
-from controller.lab.simulator.util import JSON, bad_request, iso_after, iso_now, not_found
+from controller.lab.simulator.util import (
+    JSON,
+    ApiError,
+    bad_request,
+    iso_after,
+    iso_now,
+    iso_seconds,
+    not_found,
+    now_ns,
+)
+
+# A client node's dynamic port range and how many node events Nomad keeps.
+MIN_DYNAMIC_PORT, MAX_DYNAMIC_PORT = 20_000, 32_000
+MAX_NODE_EVENTS = 10
 
 
 class NodeRegistry:
@@ -14,6 +27,9 @@ class NodeRegistry:
         self.scheduler = scheduler
         self.clients = clients
         self._draining: dict[str, float | None] = {}  # node id -> seconds to its deadline
+        # Where the nodes' clients serve their HTTP API (exec and fs reach them there):
+        # the simulator's own address, once it listens.
+        self.http_addr = "127.0.0.1:4646"
 
     def register(self, name: str, cpu: int, mem: int) -> None:
         store = self.store
@@ -27,7 +43,8 @@ class NodeRegistry:
             "Datacenter": "dc1",
             "NodeClass": "",
             "NodePool": "default",
-            "HTTPAddr": "127.0.0.1:4646",
+            "HTTPAddr": self.http_addr,
+            "SecretID": "",  # Nomad never shows a node's secret
             "TLSEnabled": False,
             "Status": "ready",
             "StatusDescription": "",
@@ -48,9 +65,23 @@ class NodeRegistry:
                 "Memory": {"MemoryMB": mem},
                 "Disk": {"DiskMB": 100_000},
                 "Networks": None,
+                "MinDynamicPort": MIN_DYNAMIC_PORT,
+                "MaxDynamicPort": MAX_DYNAMIC_PORT,
             },
-            "Drivers": {"docker": {"Detected": True, "Healthy": True}},
+            "ReservedResources": {
+                "Cpu": {"CpuShares": 0},
+                "Memory": {"MemoryMB": 0},
+                "Disk": {"DiskMB": 0},
+                "Networks": {"ReservedHostPorts": ""},
+            },
+            "Drivers": {
+                "docker": {"Detected": True, "Healthy": True},
+                "mock_driver": {"Detected": True, "Healthy": True},
+            },
             "Version": "1.9.7",
+            "StatusUpdatedAt": now_ns() // 10**9,
+            "Events": [_node_event("Node registered", "Cluster", txn.index)],
+            "LastDrain": None,
             "CreateIndex": txn.index,
             "ModifyIndex": txn.index,
         }
@@ -60,6 +91,14 @@ class NodeRegistry:
         self.scheduler.placement.add_node(node_id)
         txn.node(node)
         store.commit(txn)
+
+    def serve_clients_at(self, http_addr: str) -> None:
+        """The address the nodes' clients serve at: the simulator's, once it listens. It
+        is what they registered with (Nomad's Go client dials it first for exec and fs),
+        so it is no write of its own."""
+        self.http_addr = http_addr
+        for node in self.store.nodes.values():
+            node["HTTPAddr"] = http_addr
 
     def rejoin(self) -> None:
         """After Store.lose_state: every client registers again with its node ID, at a new
@@ -131,14 +170,22 @@ class NodeRegistry:
             self.scheduler.schedule(ev["ID"])
 
     # ------------------------------------------------------------------ drains
-    def start_drain(self, node_name: str, deadline_seconds: float | None) -> JSON:
+    def start_drain(
+        self,
+        node_name: str,
+        deadline_seconds: float | None,
+        meta: dict[str, str] | None = None,
+        accessor_id: str = "",
+    ) -> JSON:
         """Drain a node: service allocs migrate, batch allocs wait.
 
-        deadline_seconds < 0 forces the drain now; 0 or None means no deadline.
+        deadline_seconds < 0 forces the drain now; 0 or None means no deadline. `meta`
+        and the caller's token accessor go into the node's LastDrain.
         """
         node = self._node(node_name)
         txn = self.store.txn("NodeDrain")
         deadline_ns = int((deadline_seconds or 0) * 1e9)
+        started = node["DrainStrategy"] is None
         node["Drain"] = True
         node["SchedulingEligibility"] = "ineligible"
         node["DrainStrategy"] = {
@@ -146,6 +193,7 @@ class NodeRegistry:
             "ForceDeadline": iso_after(deadline_seconds) if deadline_ns > 0 else None,
             "StartedAt": iso_now(),
         }
+        _drain_record(node, txn.index, "draining", started, meta, accessor_id)
         txn.node(node)
         self.store.commit(txn)
         due = None
@@ -157,21 +205,38 @@ class NodeRegistry:
             self.store.later(due, self._drain_deadline, node["ID"])
         return _node_reply(txn)
 
-    def stop_drain(self, node_name: str, mark_eligible: bool) -> JSON:
+    def stop_drain(
+        self,
+        node_name: str,
+        mark_eligible: bool,
+        meta: dict[str, str] | None = None,
+        accessor_id: str = "",
+    ) -> JSON:
         """Stop draining a node, and with `mark_eligible` let it take placements again."""
         node = self._node(node_name)
-        txn = self._clear_drain(node, mark_eligible)
+        txn = self._clear_drain(node, mark_eligible, "canceled", meta, accessor_id)
         self._draining.pop(node["ID"], None)
         self.scheduler.request_unblock()
         return _node_reply(txn)
 
-    def _clear_drain(self, node: JSON, mark_eligible: bool) -> Txn:
-        """One NodeDrain frame: the node's drain strategy is gone."""
+    def _clear_drain(
+        self,
+        node: JSON,
+        mark_eligible: bool,
+        status: str,
+        meta: dict[str, str] | None = None,
+        accessor_id: str = "",
+    ) -> Txn:
+        """One NodeDrain frame: the node's drain strategy is gone; its LastDrain says
+        whether the drain completed or was canceled."""
         txn = self.store.txn("NodeDrain")
+        was_draining = node["DrainStrategy"] is not None
         node["Drain"] = False
         node["DrainStrategy"] = None
         if mark_eligible:
             node["SchedulingEligibility"] = "eligible"
+        if was_draining:
+            _drain_record(node, txn.index, status, False, meta, accessor_id)
         txn.node(node)
         self.store.commit(txn)
         return txn
@@ -238,7 +303,7 @@ class NodeRegistry:
             if self.store.allocs[alloc_id]["ClientStatus"] not in TERMINAL:
                 return
         del self._draining[node_id]
-        self._clear_drain(self.store.nodes[node_id], mark_eligible=False)
+        self._clear_drain(self.store.nodes[node_id], mark_eligible=False, status="complete")
 
     # ------------------------------------------------------------------ faults
     def node_down(self, node_name: str) -> None:
@@ -246,6 +311,46 @@ class NodeRegistry:
         node, txn = self._new_status(node_name, "down", "node heartbeat missed")
         evals = self._node_evals(txn, node["ID"], "node-update")
         self._commit_and_schedule(txn, evals)
+
+    def purge(self, node_id: str) -> JSON:
+        """Nomad's Node.Deregister: the node is gone (a NodeDeregistration), its jobs get
+        node-update evals that find its allocations lost. Its client, still running,
+        registers the node again at its next heartbeat (here: after the start delay),
+        with the same ID; until then reads still show the node, marked down."""
+        node = self.store.nodes.get(node_id)
+        if node is None:
+            raise ApiError(500, "node not found")
+        txn = self.store.txn("NodeDeregistration")
+        node["Status"] = "down"
+        node["StatusDescription"] = "node deregistered"
+        txn.node(node)
+        evals = self._node_evals(txn, node_id, "node-update")
+        self._commit_and_schedule(txn, evals)
+        self._draining.pop(node_id, None)
+        self.store.later(self.clients.start_delay, self._register_again, node_id)
+        return {
+            "EvalIDs": [e["ID"] for e in evals] or None,
+            "EvalCreateIndex": txn.index if evals else 0,
+            "NodeModifyIndex": txn.index,
+            "Index": txn.index,
+        }
+
+    def _register_again(self, node_id: str) -> None:
+        node = self.store.nodes[node_id]
+        txn = self.store.txn("NodeRegistration")
+        node.update(
+            Status="ready",
+            StatusDescription="",
+            Drain=False,
+            DrainStrategy=None,
+            SchedulingEligibility="eligible",
+            CreateIndex=txn.index,
+            StatusUpdatedAt=now_ns() // 10**9,
+            Events=[_node_event("Node registered", "Cluster", txn.index)],
+        )
+        txn.node(node)
+        self.store.commit(txn)
+        self.scheduler.request_unblock()
 
     def node_up(self, node_name: str) -> None:
         _, txn = self._new_status(node_name, "ready", "")
@@ -260,6 +365,46 @@ class NodeRegistry:
         node["StatusDescription"] = description
         txn.node(node)
         return node, txn
+
+
+def _node_event(message: str, subsystem: str, index: int) -> JSON:
+    return {
+        "Message": message,
+        "Subsystem": subsystem,
+        "Details": None,
+        "Timestamp": iso_seconds(),
+        "CreateIndex": index,
+    }
+
+
+def _drain_record(
+    node: JSON,
+    index: int,
+    status: str,
+    started: bool,
+    meta: dict[str, str] | None,
+    accessor_id: str,
+) -> None:
+    """Nomad's updateNodeDrainImpl: LastDrain (a new one when a drain starts, else the
+    last one updated: its status, time, and the meta and accessor when given), the node's
+    StatusUpdatedAt, and a node event."""
+    now = iso_seconds()
+    last = node.get("LastDrain")
+    if started or last is None:
+        last = {"StartedAt": now, "AccessorID": "", "Meta": meta}
+    last = {**last, "UpdatedAt": now, "Status": status}
+    if meta:
+        last["Meta"] = meta
+    if accessor_id:
+        last["AccessorID"] = accessor_id
+    node["LastDrain"] = last
+    node["StatusUpdatedAt"] = now_ns() // 10**9
+    if status == "draining":
+        message = "Node drain strategy set" if started else "Node drain strategy updated"
+    else:
+        message = "Node drain complete" if status == "complete" else "Node drain disabled"
+    events = [*(node.get("Events") or []), _node_event(message, "Drain", index)]
+    node["Events"] = events[-MAX_NODE_EVENTS:]
 
 
 def _node_reply(txn: Txn) -> JSON:

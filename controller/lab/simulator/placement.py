@@ -74,6 +74,28 @@ class Placement:
         best = max if self.algorithm == "binpack" else min
         return best(fits, key=lambda pair: pair[0])[1]
 
+    def count_fitting(self, count: int, cpu: int, mem: int) -> int:
+        """How many of `count` allocations of this size would find room now (a plan's
+        dry run: nothing is held, the RNG is not used)."""
+        if self.no_capacity_on or count <= 0:
+            return 0
+        placed = 0
+        for node in self.store.nodes.values():
+            if not _usable(node):
+                continue
+            used = self._node_used[node["ID"]]
+            res = node["NodeResources"]
+            free_cpu = res["Cpu"]["CpuShares"] - used[0]
+            free_mem = res["Memory"]["MemoryMB"] - used[1]
+            room = min(
+                free_cpu // cpu if cpu > 0 else count,
+                free_mem // mem if mem > 0 else count,
+            )
+            placed += max(room, 0)
+            if placed >= count:
+                return count
+        return placed
+
     def hold(self, alloc: JSON, cpu: int, mem: int) -> None:
         self._held[alloc["ID"]] = (alloc["NodeID"], cpu, mem)
         used = self._node_used[alloc["NodeID"]]

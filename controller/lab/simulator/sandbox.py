@@ -1,11 +1,14 @@
 """The clients' allocation directories, and the processes `--exec local` runs in them.
 
-An allocation that exec or the fs API reaches gets a private directory with the layout a
-Nomad client builds, under a temporary root the simulator owns (built when first needed,
-so that allocations nobody looks at cost nothing). With `--exec local` its execs run in it
-as real processes. Directory and processes end with the allocation: when it is terminal
-or gone, when its node goes down, and (processes only) when one of its tasks restarts.
-Nothing here isolates anything: a process may read and write whatever the simulator can.
+An allocation that exec or the fs API reaches, or whose task writes output (the mock
+driver), gets a private directory with the layout a Nomad client builds, under a temporary
+root the simulator owns (built when first needed, so that allocations nobody looks at cost
+nothing). With `--exec local` its execs run in it as real processes. The processes end
+with the allocation (terminal, gone, its node down) and when one of its tasks restarts.
+The directory outlives a terminal allocation, as a client keeps it until its garbage
+collection: the newest `GC_MAX_ALLOCS` terminal ones of a node are kept; it goes with the
+allocation itself and with its node. Nothing here isolates anything: a process may read
+and write whatever the simulator can.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from controller.lab.simulator.store import TERMINAL, Store, Txn
 from controller.lab.simulator.util import JSON, ApiError
 
 EXEC_MODES = ("none", "local")
+# How many terminal allocations' directories a client keeps (Nomad's gc_max_allocs).
+GC_MAX_ALLOCS = 50
 _SHARED_DIRS = ("logs", "tmp", "data")  # under alloc/, shared by the group's tasks
 # A task directory's subdirectories and their modes, as the client builds them.
 _TASK_DIRS = {"local": 0o777, "tmp": 0o1777, "secrets": 0o777, "private": 0o777}
@@ -36,7 +41,8 @@ class Sandbox:
         self.tasks = [t["Name"] for t in alloc_group(alloc)["Tasks"]]
         self.restarts = _restarts(alloc)  # per task, as last seen: a rise is a restart
         self.processes: list[LocalProcess] = []
-        self.ended = False
+        self.ended = False  # no process may run in it any more
+        self.kept = False  # ended, but the directory stays (a terminal allocation's)
 
     def task_dir(self, task: str) -> str:
         return os.path.join(self.path, task)
@@ -72,7 +78,7 @@ class Sandbox:
         """One of its processes has exited: forget its group once nothing of it runs."""
         if not process.group_alive():
             self.processes.remove(process)
-        if self.ended:
+        if self.ended and not self.kept:
             self.remove()  # again: what the killed process was still writing is done now
 
     def remove(self) -> None:
@@ -110,8 +116,9 @@ class Sandboxes:
 
     # ------------------------------------------------------------------ the client's view
     def open(self, alloc: JSON) -> Sandbox:
-        """The allocation's directory, built on first use; a terminal allocation has none
-        (its client has collected it), which the client reports as an unknown allocation."""
+        """The allocation's directory, built on first use; a terminal allocation that had
+        none (or whose directory was collected) has none, which the client reports as an
+        unknown allocation."""
         box = self._boxes.get(alloc["ID"])
         if box is not None:
             return box
@@ -134,6 +141,15 @@ class Sandboxes:
             process.kill()
         return box, process
 
+    def write_log(self, alloc: JSON, task: str, stream: str, data: bytes) -> None:
+        """What a task writes to its stdout or stderr, into the log file a client's logmon
+        fills (`alloc/logs/<task>.<stream>.0`)."""
+        if alloc["ClientStatus"] in TERMINAL and alloc["ID"] not in self._boxes:
+            return
+        box = self.open(alloc)
+        with open(os.path.join(box.path, "alloc", "logs", f"{task}.{stream}.0"), "ab") as log:
+            log.write(data)
+
     def shutdown(self) -> None:
         """The simulator stops: every process dies as with its node, the root goes."""
         for box in self._boxes.values():
@@ -147,6 +163,7 @@ class Sandboxes:
     def _after_commit(self, txn: Txn) -> None:
         if not self._boxes or not txn.tables & {"allocs", "nodes"}:
             return
+        finished = False
         for alloc_id, box in list(self._boxes.items()):
             alloc = self.store.allocs.get(alloc_id)
             if alloc is None:
@@ -154,7 +171,9 @@ class Sandboxes:
             elif self.store.nodes[alloc["NodeID"]]["Status"] == "down":
                 self._end(alloc_id, lost=True)
             elif alloc["ClientStatus"] in TERMINAL:
-                self._end(alloc_id, lost=False)
+                if not box.ended:
+                    self._end(alloc_id, lost=False, keep=True)
+                    finished = True
             else:
                 restarts = _restarts(alloc)
                 for task, count in restarts.items():
@@ -162,11 +181,35 @@ class Sandboxes:
                         box.kill(task)  # a restarted task's container takes its execs along
                 box.restarts = restarts
 
-    def _end(self, alloc_id: str, lost: bool) -> None:
+        if finished:
+            self._collect()
+
+    def _end(self, alloc_id: str, lost: bool, keep: bool = False) -> None:
+        """No process runs in the allocation's directory any more; unless it is `keep`
+        (a terminal allocation's, until collected), the directory goes too."""
         box = self._boxes.pop(alloc_id)
-        box.ended = True
+        if keep:
+            self._boxes[alloc_id] = box  # last: the kept ones are in the order they ended
+        box.ended, box.kept = True, keep
         box.kill(lost=lost)
-        box.remove()
+        if not keep:
+            box.remove()
+
+    def _collect(self) -> None:
+        """A client's garbage collection: beyond GC_MAX_ALLOCS terminal allocations'
+        directories on a node, the oldest go (kept in the order they ended)."""
+        kept: dict[str, list[str]] = {}
+        for alloc_id, box in self._boxes.items():
+            alloc = self.store.allocs.get(alloc_id)
+            if box.kept and alloc is not None:
+                kept.setdefault(alloc["NodeID"], []).append(alloc_id)
+        for alloc_ids in kept.values():
+            for alloc_id in alloc_ids[: max(len(alloc_ids) - GC_MAX_ALLOCS, 0)]:
+                self._end(alloc_id, lost=False)
+
+    def root_dir(self) -> str:
+        """The folder of every allocation directory (made on first use)."""
+        return self._root_dir()
 
     def _root_dir(self) -> str:
         if not self._root:

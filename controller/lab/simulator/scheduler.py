@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from controller.lab.simulator.jobspec import group_key, group_resources
 from controller.lab.simulator.placement import Placement
 from controller.lab.simulator.store import TERMINAL, JobKey, Store, Txn
-from controller.lab.simulator.util import JSON, now_ns
+from controller.lab.simulator.util import JSON, ApiError, now_ns
 
 if TYPE_CHECKING:
     from controller.lab.simulator.clients import Clients
@@ -28,6 +28,7 @@ class Scheduler:
         self.store = store
         self.placement = Placement(store, algorithm, self.request_unblock)
         self.blocked: dict[JobKey, str] = {}  # job -> its blocked eval
+        self.broker_paused = False  # the operator paused the eval broker: nothing is processed
         self._unblock_pending = False
         self._resched_due: dict[str, float] = {}  # follow-up eval -> WaitUntil (monotonic)
 
@@ -72,6 +73,64 @@ class Scheduler:
     def schedule(self, eval_id: str, delay: float = 0.0) -> None:
         self.store.later(delay, self._process_eval, eval_id)
 
+    def delete_evals(self, eval_ids: list[str], keep: Any) -> JSON:
+        """Nomad's Eval.Delete (the broker must be paused): the named evals, each safe to
+        delete (no live allocation came from it), or those a filter matches that are."""
+        store = self.store
+        if eval_ids:
+            for eval_id in eval_ids:
+                ev = store.evals.get(eval_id)
+                if ev is None:
+                    raise ApiError(500, "eval not found")
+                if not self._deletable(ev):
+                    raise ApiError(500, f"eval {eval_id} is not safe to delete")
+            doomed = list(eval_ids)
+        else:
+            doomed = [e["ID"] for e in store.evals.values() if keep(e) and self._deletable(e)]
+        txn = store.txn("EvaluationDeleted")
+        txn.tables.add("evals")
+        for eval_id in doomed:
+            ev = store.evals.pop(eval_id)
+            rec = store.jobs.get((ev["Namespace"], ev["JobID"]))
+            if rec is not None:
+                rec.open_evals.discard(eval_id)
+                if eval_id in rec.eval_ids:
+                    rec.eval_ids.remove(eval_id)
+            if self.blocked.get((ev["Namespace"], ev["JobID"])) == eval_id:
+                del self.blocked[(ev["Namespace"], ev["JobID"])]
+        store.commit(txn)
+        return {"Count": len(doomed), "Index": txn.index}
+
+    def _deletable(self, ev: JSON) -> bool:
+        return not any(
+            a["EvalID"] == ev["ID"] and a["ClientStatus"] not in TERMINAL
+            for a in self.store.allocs.values()
+        )
+
+    def related_evals(self, ev: JSON) -> list[JSON]:
+        """The evals linked to `ev` through NextEval, PreviousEval and BlockedEval, and
+        theirs in turn (Nomad's EvalsRelatedToID), without `ev` itself."""
+        seen = {ev["ID"]}
+        todo = [ev]
+        related: list[JSON] = []
+        while todo:
+            current = todo.pop()
+            for link in ("NextEval", "PreviousEval", "BlockedEval"):
+                other = self.store.evals.get(current.get(link) or "")
+                if other is not None and other["ID"] not in seen:
+                    seen.add(other["ID"])
+                    related.append(other)
+                    todo.append(other)
+        return sorted(related, key=lambda e: e["CreateIndex"])
+
+    def resume_broker(self) -> None:
+        """The eval broker runs again: what waited in it is processed."""
+        self.broker_paused = False
+        for ev in list(self.store.evals.values()):
+            if ev["Status"] == "pending":
+                self.schedule(ev["ID"])
+        self.request_unblock()
+
     def request_unblock(self) -> None:
         if self.blocked and not self._unblock_pending:
             self._unblock_pending = True
@@ -84,10 +143,12 @@ class Scheduler:
 
     # ------------------------------------------------------------------ plans
     def _process_eval(self, eval_id: str) -> None:
-        """Reconcile one job and apply the plan as one PlanResult."""
+        """Reconcile one job and apply the plan as one PlanResult. An evaluation that
+        cannot place everything (and is not itself a blocked one) then writes the blocked
+        eval, then its own completion: three applies, as Nomad's scheduler makes them."""
         store = self.store
         ev = store.evals.get(eval_id)
-        if ev is None or ev["Status"] not in ("pending", "blocked"):
+        if ev is None or ev["Status"] not in ("pending", "blocked") or self.broker_paused:
             return
         wait_until = self._resched_due.get(eval_id)
         if wait_until is not None and time.monotonic() < wait_until:
@@ -101,45 +162,22 @@ class Scheduler:
         if missing and was_blocked and not txn.rows:
             store.discard(txn)  # nothing changed: the blocked eval stays as it is
             return
-        if not placed and not stopped and not followups:
-            txn.etype = "EvaluationUpdated"
-        if missing:
-            failed = {
-                tg: {
-                    "NodesEvaluated": len(store.nodes),
-                    "NodesExhausted": len(store.nodes),
-                    "DimensionExhausted": {"cpu or memory": n},
-                    "CoalescedFailures": n - 1,
-                }
-                for tg, n in missing.items()
-            }
-            if rec is not None:
-                rec.queued = dict(missing)
-            if was_blocked:
-                ev["FailedTGAllocs"] = failed
+        if rec is not None:
+            rec.queued = dict(missing)
+        if missing and not was_blocked:
+            self._block(txn, ev, missing, job, key)
+        else:
+            if missing:
+                ev["FailedTGAllocs"] = {tg: self.failed_metric(n) for tg, n in missing.items()}
                 txn.eval(ev)
             else:
-                blocked = self.new_eval(
-                    txn,
-                    job or {"Namespace": key[0], "ID": key[1]},
-                    "queued-allocs",
-                    Status="blocked",
-                    StatusDescription="created to place remaining allocations",
-                    PreviousEval=ev["ID"],
-                )
-                stale = self.blocked.get(key)
-                if stale is not None and stale in store.evals:
-                    self.close_eval(txn, store.evals[stale], "canceled")
-                self.blocked[key] = blocked["ID"]
-                self.close_eval(txn, ev, FailedTGAllocs=failed, BlockedEval=blocked["ID"])
-        else:
-            if rec is not None:
-                rec.queued = {}
-            if self.blocked.get(key) == ev["ID"] or not was_blocked:
-                self.close_eval(txn, ev)
-            if self.blocked.get(key) == ev["ID"]:
-                del self.blocked[key]
-        store.commit(txn)
+                if self.blocked.get(key) == ev["ID"] or not was_blocked:
+                    self.close_eval(txn, ev)
+                if self.blocked.get(key) == ev["ID"]:
+                    del self.blocked[key]
+            if not placed and not stopped and not followups:
+                txn.etype = "EvaluationUpdated"
+            store.commit(txn)
         for alloc in placed:
             self.clients.start_soon(alloc["ID"])
         for alloc in stopped:
@@ -147,6 +185,101 @@ class Scheduler:
                 self.clients.stop_soon(alloc["ID"])
         for follow_id, delay in followups:
             self.schedule(follow_id, delay)
+
+    def _block(
+        self, plan: Txn, ev: JSON, missing: dict[str, int], job: JSON | None, key: JobKey
+    ) -> None:
+        """The plan (if it holds anything: a deployment, what could be placed), then the
+        blocked eval, then the evaluation's completion, each an apply of its own."""
+        store = self.store
+        if not plan.rows:
+            store.discard(plan)  # no plan to apply: Nomad submits none
+        else:
+            store.commit(plan)
+        txn = store.txn("EvaluationUpdated")
+        failed = {tg: self.failed_metric(n) for tg, n in missing.items()}
+        blocked = self.new_eval(
+            txn,
+            job or {"Namespace": key[0], "ID": key[1]},
+            "queued-allocs",
+            Status="blocked",
+            StatusDescription="created to place remaining allocations",
+            PreviousEval=ev["ID"],
+            FailedTGAllocs=failed,
+        )
+        stale = self.blocked.get(key)
+        if stale is not None and stale in store.evals:
+            self.close_eval(txn, store.evals[stale], "canceled")
+        self.blocked[key] = blocked["ID"]
+        store.commit(txn)
+        txn = store.txn("EvaluationUpdated")
+        self.close_eval(txn, ev, FailedTGAllocs=failed, BlockedEval=blocked["ID"])
+        store.commit(txn)
+
+    def failed_metric(self, failures: int) -> JSON:
+        """The AllocMetric of a group's failed placements (FailedTGAllocs)."""
+        nodes = len(self.store.nodes)
+        return {
+            "NodesEvaluated": nodes,
+            "NodesExhausted": nodes,
+            "DimensionExhausted": {"cpu or memory": failures},
+            "CoalescedFailures": failures - 1,
+        }
+
+    def plan(self, job: JSON, current: JSON | None) -> JSON:
+        """What registering `job` would do now, applying nothing (Nomad's Job.Plan): the
+        updates per group, the placements that would fail, and the blocked eval that
+        would then be created. `current` is the registered version, if any."""
+        key = (job["Namespace"], job["ID"])
+        allocs = self.store.allocs
+        live = [
+            allocs[a]
+            for a in self.store.job_allocs.get(key, ())
+            if allocs[a]["DesiredStatus"] == "run" and allocs[a]["ClientStatus"] not in TERMINAL
+        ]
+        updates: JSON = {}
+        failed: JSON = {}
+        for group in job["TaskGroups"]:
+            name, count = group["Name"], group["Count"]
+            mine = [a for a in live if a["TaskGroup"] == name]
+            kept = min(len(mine), count)
+            changed = current is not None and group_key(current, name) != group_key(job, name)
+            place = 0 if job.get("Stop") else max(count - len(mine), 0)
+            updates[name] = {
+                "Ignore": 0 if changed or job.get("Stop") else kept,
+                "Place": place,
+                "Migrate": 0,
+                "Stop": len(mine) if job.get("Stop") else len(mine) - kept,
+                "InPlaceUpdate": 0,
+                "DestructiveUpdate": kept if changed and not job.get("Stop") else 0,
+                "Canary": 0,
+                "Preemptions": 0,
+            }
+            cpu, mem = group_resources(group)
+            failures = place - self.placement.count_fitting(place, cpu, mem)
+            if failures > 0:
+                failed[name] = self.failed_metric(failures)
+        created = None
+        if failed:
+            created = [
+                {
+                    "ID": self.store.new_id(),
+                    "Namespace": job["Namespace"],
+                    "Priority": job["Priority"],
+                    "Type": job["Type"],
+                    "TriggeredBy": "queued-allocs",
+                    "JobID": job["ID"],
+                    "JobModifyIndex": current["JobModifyIndex"] if current else 0,
+                    "Status": "blocked",
+                    "StatusDescription": "created to place remaining allocations",
+                    "FailedTGAllocs": failed,
+                }
+            ]
+        return {
+            "Annotations": {"DesiredTGUpdates": updates, "PreemptedAllocs": None},
+            "FailedTGAllocs": failed or None,
+            "CreatedEvals": created,
+        }
 
     def _reconcile(
         self, txn: Txn, key: JobKey, job: JSON | None, ev: JSON
@@ -203,6 +336,10 @@ class Scheduler:
             slots.sort(key=lambda s: s[0])
             cpu, mem = group_resources(group)
             new_allocs: list[tuple[JSON, JSON | None, str]] = []
+            if slots and deployment is None and job["Type"] == "service":
+                # The plan holds the version's deployment, whether or not its placements
+                # find room (then the deployment waits for them).
+                deployment = self._deployment_for(txn, job)
             for idx, old, reason in slots:
                 node = self.placement.pick_node(cpu, mem, old["ID"] if old is not None else None)
                 if node is None:
@@ -210,8 +347,6 @@ class Scheduler:
                     if old is not None and reason == STOP_LOST:
                         self.stop(txn, old, reason, lost=True)  # lost even without a new home
                     continue
-                if deployment is None and job["Type"] == "service":
-                    deployment = self._deployment_for(txn, job)
                 alloc = self.new_alloc(txn, job, group, idx, node, ev, old, deployment)
                 self.placement.hold(alloc, cpu, mem)
                 new_allocs.append((alloc, old, reason))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import ssl
 from dataclasses import dataclass
 
@@ -20,8 +22,11 @@ class SimServer:
     url: str
 
     async def stop(self) -> None:
-        # Streams, blocking queries and exec sessions would otherwise hold the shutdown open.
-        self.sim.disconnect_event_streams()
+        # Event streams end as an agent that shuts down ends them: their bodies end (the
+        # client reads EOF), rather than being cut. Blocking queries and exec sessions
+        # would otherwise hold the shutdown open.
+        self.sim.broker.close()
+        await asyncio.sleep(0)  # the streams write their end
         self.sim.shutdown()
         await self.runner.cleanup()
 
@@ -34,8 +39,10 @@ async def start_sim(
     host: str = "127.0.0.1",
     port: int = 0,
     ssl_context: ssl.SSLContext | None = None,
+    listening: socket.socket | None = None,
 ) -> SimServer:
-    """Serve `sim` on host:port (0 picks a free port); returns once it accepts connections."""
+    """Serve `sim` on host:port (0 picks a free port), or on the `listening` socket its
+    starter bound for it; returns once it accepts connections."""
     runner = web.AppRunner(
         build_app(sim),
         access_log=None,
@@ -46,7 +53,12 @@ async def start_sim(
         max_field_size=GO_MAX_HEADER_BYTES,
     )
     await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+    site: web.BaseSite
+    if listening is not None:
+        site = web.SockSite(runner, listening, ssl_context=ssl_context)
+        host, port = listening.getsockname()[:2]
+    else:
+        site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     await site.start()
     server = site._server
     sockets = getattr(server, "sockets", None) or []
@@ -55,4 +67,5 @@ async def start_sim(
         sim.advertise = host
     scheme = "https" if ssl_context is not None else "http"
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    sim.node_registry.serve_clients_at(f"{shown}:{bound}")
     return SimServer(sim, runner, host, bound, f"{scheme}://{shown}:{bound}")

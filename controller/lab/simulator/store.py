@@ -34,6 +34,9 @@ class JobRecord:
     open_evals: set[str] = field(default_factory=set)
     deployment_ids: list[str] = field(default_factory=list)
     queued: dict[str, int] = field(default_factory=dict)
+    submissions: dict[int, JSON] = field(default_factory=dict)  # version -> its source
+    scaling_events: dict[str, list[JSON]] = field(default_factory=dict)  # group -> newest first
+    scaling_index: int = 0  # the index of the last scaling event
 
     @property
     def job(self) -> JSON:

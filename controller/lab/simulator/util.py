@@ -108,6 +108,11 @@ def iso_now() -> str:
     return _iso(now_ns(), fraction=True)
 
 
+def iso_seconds() -> str:
+    """Now in whole seconds, as Nomad's node times (drain metadata, node events) show."""
+    return _iso(now_ns(), fraction=False)
+
+
 def iso_after(seconds: float | None) -> str:
     return _iso(now_ns() + int((seconds or 0) * 1e9), fraction=False)
 
@@ -133,10 +138,13 @@ def omit_empty(obj: JSON, keep: frozenset[str] = frozenset()) -> JSON:
 class ApiError(Exception):
     """An error answered as Nomad does: text/plain body with a status code."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, index: int | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        # A read's index, for the errors Nomad answers with one (a blocking read of what
+        # does not exist, such as a variable, can go on from it).
+        self.index = index
 
 
 def not_found(what: str = "resource") -> ApiError:

@@ -249,7 +249,7 @@ def _check_path(path: str) -> None:
 
 def _check_items(items: Any, allow_empty: bool) -> None:
     if not isinstance(items, dict) or not (items or allow_empty):
-        raise bad_request("variable missing Items")
+        raise bad_request("variable missing required Items object")
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in items.items()):
         raise bad_request("variable Items must be a map of strings")
 

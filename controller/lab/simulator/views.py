@@ -63,6 +63,19 @@ def eval_view(ev: JSON) -> JSON:
     return omit_empty(ev)
 
 
+_EVAL_STUB_FIELDS = (
+    "ID", "Namespace", "Priority", "Type", "TriggeredBy", "JobID", "NodeID", "DeploymentID",
+    "Status", "StatusDescription", "WaitUntil", "NextEval", "PreviousEval", "BlockedEval",
+    "CreateIndex", "ModifyIndex", "CreateTime", "ModifyTime",
+)  # fmt: skip
+
+
+def eval_stub(ev: JSON) -> JSON:
+    """EvaluationStub, as a related eval is shown (no omitempty)."""
+    empty: JSON = {"WaitUntil": "0001-01-01T00:00:00Z"}
+    return {k: ev.get(k, empty.get(k, "")) for k in _EVAL_STUB_FIELDS}
+
+
 def job_stub(sim: Simulator, rec: JobRecord, meta: bool) -> JSON:
     job = rec.job
     stub: JSON = {
@@ -106,12 +119,13 @@ def node_stub(node: JSON, resources: bool, os_attr: bool) -> JSON:
         "Status": node["Status"],
         "StatusDescription": node["StatusDescription"],
         "Drivers": node["Drivers"],
-        "LastDrain": None,
+        "LastDrain": node.get("LastDrain"),
         "CreateIndex": node["CreateIndex"],
         "ModifyIndex": node["ModifyIndex"],
     }
     if resources:
         stub["NodeResources"] = node["NodeResources"]
+        stub["ReservedResources"] = node["ReservedResources"]
     return stub
 
 

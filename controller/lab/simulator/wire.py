@@ -105,7 +105,9 @@ async def read_json(request: web.Request, required: bool = True) -> Any:
 
 
 async def block(sim: Simulator, request: web.Request, index_of: Callable[[], int]) -> int:
-    """Blocking query: wait until index_of() > ?index or ?wait elapses."""
+    """Blocking query: wait until index_of() > ?index or ?wait elapses; returns the index
+    to answer with. As in Nomad, that is the index of what was read, 0 for a table never
+    written: the few reads Nomad floors at 1 say so themselves (`floored`)."""
     raw_index = request.query.get("index")
     raw_wait = request.query.get("wait")
     stale = request.query.get("stale")
@@ -136,7 +138,13 @@ async def block(sim: Simulator, request: web.Request, index_of: Callable[[], int
             if remaining <= 0:
                 break
             await sim.wait_for_change(remaining)
-    return max(index_of(), 1)
+    return index_of()
+
+
+def floored(index: int) -> int:
+    """The index of the reads Nomad answers with at least 1 (`setReplyQueryMeta`, ACL
+    policies, namespaces, a node's allocations), so that a blocking query can follow."""
+    return max(index, 1)
 
 
 def table_index(sim: Simulator, *names: str) -> Callable[[], int]:
