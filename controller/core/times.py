@@ -18,14 +18,14 @@ def utcnow() -> datetime:
 
 
 def format_time(dt: datetime) -> str:
-    """RFC 3339 in UTC with a "Z"; fractions only when there are any."""
-    if dt.tzinfo is None:
-        raise ValueError("naive datetime: claim times must be timezone-aware")
-    utc = dt.astimezone(UTC)
-    text = utc.strftime("%Y-%m-%dT%H:%M:%S")
-    if utc.microsecond:
-        text += f".{utc.microsecond:06d}".rstrip("0")
-    return text + "Z"
+    """RFC 3339 in UTC with a "Z"; fractions only when there are any. (Every claim formats
+    four times: isoformat is twice as fast as strftime.)"""
+    if dt.tzinfo is not UTC:
+        if dt.tzinfo is None:
+            raise ValueError("naive datetime: claim times must be timezone-aware")
+        dt = dt.astimezone(UTC)
+    text = dt.isoformat()[:-6]  # without its "+00:00"
+    return (text.rstrip("0") if dt.microsecond else text) + "Z"
 
 
 def parse_time(text: str) -> datetime:
