@@ -25,11 +25,13 @@ from datetime import datetime
 from typing import Any
 
 from controller.core.claims import ClaimRecord, MalformedClaim, RequestRecord
+from controller.core.fields import int_field
 from controller.core.paths import CLAIMS_PREFIX, REQUESTS_PREFIX, claim_path, request_path
 from controller.core.requests import abandoned_requests
+from controller.nomad.errors import NomadConflict
 from controller.nomad.port import Variables, VariableWatch
 from controller.records.reading import Known, listed, read_changed
-from controller.records.writing import create, delete_unchanged, index_of, write_over
+from controller.records.writing import create, delete_unchanged, index_of
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +63,15 @@ class ClaimStore:
     async def update(self, record: ClaimRecord, *, cas: int) -> ClaimRecord | None:
         """Check-and-set `record` over the version with ModifyIndex `cas`; the stored
         record, or None when another change won."""
-        stored, _ = await write_over(
-            self._port, record.path, record.to_items(), record.namespace, cas=cas, attempts=1
-        )
-        if stored is None:
+        try:
+            stored = await self._port.put_variable(
+                record.path, record.to_items(), record.namespace, cas=cas
+            )
+        except NomadConflict:
             return None
-        written = ClaimRecord.from_variable(stored)
+        # Nomad stored the items as written: only its index and time are new (parsing
+        # them back cost a claim more than anything of its own).
+        written = record.stored(index_of(stored), int_field(stored, "ModifyTime"))
         self.remember(written)
         return written
 
@@ -105,9 +110,12 @@ class ClaimStore:
         return None if variable is None else ClaimRecord.from_variable(variable)
 
     def remember(self, record: ClaimRecord) -> None:
-        """A claim variable just written: the next listing need not read it back."""
-        cache = self._caches.setdefault(record.namespace, {})
-        cache[record.path] = Known(record.modify_index, record)
+        """A claim variable just written: the next listing need not read it back. Only
+        where this store lists the namespace's claims (a reconciler's passes): an API
+        replica that never lists them keeps nothing of the claims it made."""
+        cache = self._caches.get(record.namespace)
+        if cache is not None:
+            cache[record.path] = Known(record.modify_index, record)
 
     async def read_all(
         self,
