@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from controller.api.auth import EVERY_POOL, Scope, scope
-from controller.api.bodies import read_body
+from controller.api.bodies import read_body, read_json, validated
 from controller.api.claim_view import claim_answer, claim_view
 from controller.api.execution_routes import EXECUTION_ROUTES
 from controller.api.models import (
@@ -48,9 +48,14 @@ def pool_in_scope(request: web.Request) -> tuple[str, str]:
     return namespace, name
 
 
+# The options of a claim that names none (most): there is nothing to validate.
+NO_OPTIONS = ClaimBody.model_validate({})
+
+
 async def claim(request: web.Request) -> web.Response:
     namespace, name = pool_in_scope(request)
-    body = await read_body(request, ClaimBody)
+    raw = await read_json(request)
+    body = validated(ClaimBody, raw) if raw else NO_OPTIONS
     claimed = await request.app[CLAIMS_KEY].claim(namespace, name, body.to_request())
     answer = claim_answer(claimed, request.app[DIRECTORY_KEY], body.count is not None)
     return web.json_response(answer, status=201 if claimed.created else 200)

@@ -4,6 +4,7 @@ release, loss, restarts and the runner routes' ownership rules."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -318,6 +319,31 @@ async def test_oversized_and_malformed_bodies(harness: Harness, tmp_path):
         assert (await r.json())["error"]["code"] == "PayloadTooLarge"
     written = ("poolkeeper/claims/", "poolkeeper/requests/")
     assert not [v for v in harness.sim.variables("default") if v.startswith(written)]
+
+
+async def test_a_claim_without_options_is_the_same_whatever_says_so(harness: Harness, tmp_path):
+    """No body, a blank one, `{}` and `{}` sent in chunks (the body arrives after the
+    headers) are all a claim with the pool's defaults."""
+    controller, _ = await filled(harness, tmp_path, idle=5)
+    await harness.api(controller, "GET", "/healthz", token=None)  # opens the HTTP session
+    assert harness.http is not None
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"{"
+        await asyncio.sleep(0.05)
+        yield b"}"
+
+    answers = []
+    for body in (None, b" \n", b"{}", chunks()):
+        async with harness.http.post(controller.url + CLAIMS, data=body, headers=headers) as r:
+            answers.append((r.status, await r.json()))
+    assert [status for status, _ in answers] == [201] * 4, answers
+    assert len({claim["runnerId"] for _, claim in answers}) == 4
+    assert {claim["inactivityTimeoutSeconds"] for _, claim in answers} == {300}  # default
+    assert {(tuple(sorted(claim)), claim.get("requestId")) for _, claim in answers} == {
+        (tuple(sorted(answers[0][1])), None)
+    }
 
 
 async def test_wait_seconds_waits_for_a_replacement(harness: Harness, tmp_path):
