@@ -113,9 +113,22 @@ class Metrics:
             ["namespace"],
             registry=r,
         )
+        # Counters every claim counts in, by their label values: looked up once each.
+        self._series: dict[tuple[Counter, tuple[str, ...]], Counter] = {}
+
+    def _count(self, counter: Counter, *labels: str) -> None:
+        series = self._series.get((counter, labels))
+        if series is None:
+            series = self._series[(counter, labels)] = counter.labels(*labels)
+        series.inc()
 
     def observe_nomad_request(self, endpoint: str, code: str) -> None:
-        self.nomad_requests.labels(endpoint=endpoint, code=code).inc()
+        self._count(self.nomad_requests, endpoint, code)
+
+    def claim_answered(self, pool: str, result: str, seconds: float) -> None:
+        """A claim request ended: its result and its duration."""
+        self._count(self.claims_total, pool, result)
+        self.claim_duration.observe(seconds)
 
     def set_runner_counts(self, pool: str, counts: dict[str, int], desired_idle: int) -> None:
         for state in RUNNER_STATES:

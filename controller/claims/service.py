@@ -95,8 +95,8 @@ class ClaimService:
             raise unavailable(error) from None
         finally:
             label = pool_label(pool, pool in self.directory.pools)
-            self.metrics.claims_total.labels(pool=label, result=outcome.answers.result).inc()
-            self.metrics.claim_duration.observe(time.perf_counter() - started)
+            duration = time.perf_counter() - started
+            self.metrics.claim_answered(label, outcome.answers.result, duration)
 
     async def drain(self) -> None:
         """Let background work finish (graceful stop, tests)."""
