@@ -176,15 +176,17 @@ class Taker:
     ) -> list[ClaimRecord]:
         """`count` runners of one pool, or none: runners taken before the pool ran out are
         given back at once (their claims deleted again, so they are idle again)."""
-        if len(self._handout(entry)) < count:
+        handout = self._handout(entry)
+        if len(handout) < count:
             return []  # cannot succeed: take nothing rather than take and give back
         taken: list[ClaimRecord] = []
         # A batch is claimed at one moment: the demand estimate takes it for one arrival
         # of `count` claims, not for claims a few milliseconds apart (core/demand.py).
         claimed_at = self.directory.clock()
         try:
-            while (offered := self._handout(entry).take(entry.unsettled)) is not None:
-                record = await self._try_claim(entry, offered, inactivity, request_id, claimed_at)
+            while (offered := handout.take(entry.unsettled)) is not None:
+                claim = _new_claim(entry, offered, inactivity, request_id, claimed_at)
+                record = await self.store.create(claim)
                 if record is None:  # another claimer (or a scale-down) won this runner
                     self.metrics.claim_conflicts.labels(pool=entry.key).inc()
                 elif record.runner_id in entry.unsettled:
@@ -193,6 +195,7 @@ class Taker:
                     taken.append(record)
                     if len(taken) == count:
                         return taken
+                handout = self._handout(entry)  # its offer may have changed meanwhile
         except BaseException:
             await self._give_back(entry, taken)
             raise
@@ -221,27 +224,26 @@ class Taker:
                 # The claim stays until its inactivity timeout ends it.
                 log.warning("could not give back claim %s: %s", record.path, error)
 
-    async def _try_claim(
-        self,
-        entry: PoolEntry,
-        offered: Offered,
-        inactivity: int,
-        request_id: str | None,
-        claimed_at: datetime,
-    ) -> ClaimRecord | None:
-        record = ClaimRecord.new(
-            runner_id=offered.runner_id,
-            namespace=entry.namespace,
-            pool=entry.key,
-            allocation_id=offered.allocation_id,
-            now=claimed_at,
-            inactivity_timeout_seconds=inactivity,
-            request_id=request_id,
-            allocation_restarts=offered.allocation_restarts,
-            node_name=offered.node_name,
-        )
-        if offered.start is not None:
-            # The runner's start outlives it in the claim, for the demand estimate.
-            record = dataclasses.replace(record, extra=start_items(offered.start))
-        # None: another claimer (or a scale-down) won this runner.
-        return await self.store.create(record)
+
+def _new_claim(
+    entry: PoolEntry,
+    offered: Offered,
+    inactivity: int,
+    request_id: str | None,
+    claimed_at: datetime,
+) -> ClaimRecord:
+    record = ClaimRecord.new(
+        runner_id=offered.runner_id,
+        namespace=entry.namespace,
+        pool=entry.key,
+        allocation_id=offered.allocation_id,
+        now=claimed_at,
+        inactivity_timeout_seconds=inactivity,
+        request_id=request_id,
+        allocation_restarts=offered.allocation_restarts,
+        node_name=offered.node_name,
+    )
+    if offered.start is not None:
+        # The runner's start outlives it in the claim, for the demand estimate.
+        record = dataclasses.replace(record, extra=start_items(offered.start))
+    return record
