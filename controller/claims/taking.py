@@ -21,7 +21,8 @@ runners out), so there an event counts from the holder's next pass and the follo
 A claim that finds nothing waits for the pool's next offer (at most NEXT_OFFER_SECONDS)
 rather than answer PoolEmpty where the offer cannot tell: it lists only some of the
 pool's idle runners (the API tier's catalog caps it), it was made before this process
-last failed to read Nomad (not `current`), or it held back unsettled runners.
+last failed to read Nomad (not `current`), it held back unsettled runners, or it passed
+over runners of another replica's slice that a lost check-and-set showed taken.
 """
 
 from __future__ import annotations
@@ -148,6 +149,7 @@ class Taker:
                     entry.more_than_offered
                     or not entry.current
                     or entry.unsettled & entry.offer.runner_ids  # held back
+                    or self._passed_over(entry)
                 )
             ]
             if not undecided:
@@ -159,6 +161,11 @@ class Taker:
             if records is not None:
                 return records
         return None
+
+    def _passed_over(self, entry: PoolEntry) -> bool:
+        """Runners of the pool's offer were passed over as another replica's, taken."""
+        handout = self._handouts.get(entry.key)
+        return handout is not None and handout.passed_over
 
     async def _wait_for_any(self, entries: Sequence[PoolEntry], within: float) -> None:
         waits = [
@@ -185,10 +192,12 @@ class Taker:
         claimed_at = self.directory.clock()
         try:
             while (offered := handout.take(entry.unsettled)) is not None:
+                offer = handout.offer
                 claim = _new_claim(entry, offered, inactivity, request_id, claimed_at)
                 record = await self.store.create(claim)
                 if record is None:  # another claimer (or a scale-down) won this runner
                     self.metrics.claim_conflicts.labels(pool=entry.key).inc()
+                    handout.lost(offered.runner_id, offer)
                 elif record.runner_id in entry.unsettled:
                     await self._give_back(entry, [record])  # its job changed meanwhile
                 else:

@@ -14,7 +14,13 @@ replicas, and a replica joining or leaving moves only its own share. A replica t
 from its own slice, lowest rank first (a runner's rank is its owner's score), and only
 when that is empty from the others' slices, highest rank first: it meets their owners,
 and so their claims, only where a slice is nearly empty, even when its offer is older
-than their last claims. A process outside the replicas (a reconciler serving claims)
+than their last claims. Where they meet, a lost check-and-set tells how far the other
+came: lost in another's slice, its owner (lowest rank first) has taken every runner of
+it that this offer ranks lower; lost in the own slice, another replica (highest rank
+first) has taken every one ranked higher. Either way the rest of that slice is taken,
+and it is passed over until the next offer (`passed_over`): replicas whose offers are
+older than each other's claims lose one check-and-set per slice and offer, not one per
+runner the other took. A process outside the replicas (a reconciler serving claims)
 takes at random. Whatever the slices, current runners come before the rest (outdated
 ones, those on nodes that drain), as the offer orders them.
 """
@@ -70,8 +76,12 @@ class Handout:
         self._claimers = RANDOM
         # Runners handed out (claimed or lost) that the offer may still list.
         self._out: set[str] = set()
-        # Per runner of the offer, under `_claimers`: whether it is in this slice, its rank.
-        self._ranks: dict[str, tuple[bool, int]] = {}
+        # Per runner of the offer, under `_claimers`: the replica whose slice it is in, and
+        # its rank.
+        self._ranks: dict[str, tuple[str, int]] = {}
+        # Replicas whose slice of this offer a lost check-and-set showed taken.
+        self._spent: set[str] = set()
+        self.passed_over = False  # runners of a spent slice were passed over
         # In the order they are taken: own current, others' current, own rest, others' rest.
         self._lists: tuple[list[_Entry], ...] = ()
 
@@ -83,6 +93,7 @@ class Handout:
         if claimers != self._claimers:
             self._ranks = {}
         self._offer, self._claimers = offer, claimers
+        self._spent, self.passed_over = set(), False
         self._out &= offer.runner_ids  # an offer made after their claims lists them no more
         if claimers.slicing:
             self._ranks = {
@@ -100,8 +111,8 @@ class Handout:
                 if not claimers.slicing:
                     others.append((0, runner_id, offered))
                     continue
-                own, rank = self._ranks[runner_id]
-                if own:
+                holder, rank = self._ranks[runner_id]
+                if holder == claimers.me:
                     mine.append((-rank, runner_id, offered))  # pop(): the lowest rank
                 else:
                     others.append((rank, runner_id, offered))  # pop(): the highest
@@ -110,9 +121,13 @@ class Handout:
             lists += [mine, others]
         self._lists = tuple(lists)
 
-    def _rank(self, runner_id: str) -> tuple[bool, int]:
-        holder, rank = owner(self._claimers.replicas, runner_id)
-        return holder == self._claimers.me, rank
+    def _rank(self, runner_id: str) -> tuple[str, int]:
+        return owner(self._claimers.replicas, runner_id)
+
+    @property
+    def offer(self) -> Offer | None:
+        """The offer it hands out from (its latest refresh)."""
+        return self._offer
 
     def __len__(self) -> int:
         """How many runners are still to be handed out (some may turn out unsettled)."""
@@ -133,9 +148,22 @@ class Handout:
                     _, runner_id, offered = candidates.pop()
                 if runner_id in unsettled:
                     continue
+                if self._spent and self._ranks[runner_id][0] in self._spent:
+                    self.passed_over = True
+                    continue
                 self._out.add(runner_id)
                 return offered
         return None
+
+    def lost(self, runner_id: str, offer: Offer | None) -> None:
+        """The claim of a runner taken from `offer` lost its check-and-set: it stays out.
+        While that is still the offer handed out, the rest of the runner's slice is passed
+        over until the next offer (see the module's docstring)."""
+        if offer is not self._offer or not self._claimers.slicing:
+            return
+        ranked = self._ranks.get(runner_id)
+        if ranked is not None:
+            self._spent.add(ranked[0])
 
     def give_back(self, runner_id: str) -> None:
         """A runner taken here whose claim was withdrawn (it is idle again): a candidate
