@@ -157,9 +157,13 @@ class Handout:
 
     def lost(self, runner_id: str, offer: Offer | None) -> None:
         """The claim of a runner taken from `offer` lost its check-and-set: it stays out.
-        While that is still the offer handed out, the rest of the runner's slice is passed
-        over until the next offer (see the module's docstring)."""
+        While that is still the offer handed out, and other replicas share it, the rest of
+        the runner's slice is passed over until the next offer (see the module's docstring;
+        a replica alone lost it to a reconciler's tombstone, which tells nothing of the
+        rest)."""
         if offer is not self._offer or not self._claimers.slicing:
+            return
+        if len(self._claimers.replicas) < 2:
             return
         ranked = self._ranks.get(runner_id)
         if ranked is not None:

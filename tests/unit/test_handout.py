@@ -220,13 +220,16 @@ def test_a_runner_lost_from_an_older_offer_passes_nothing_over() -> None:
     assert sorted([first.runner_id, *rest]) == ids(*range(41))
 
 
-def test_a_process_outside_the_replicas_passes_nothing_over() -> None:
+@pytest.mark.parametrize(
+    "claimers", [RANDOM, Claimers(A, frozenset({A}))], ids=["outside", "the only replica"]
+)
+def test_a_process_that_shares_no_slices_passes_nothing_over(claimers: Claimers) -> None:
     whole = offer(range(10))
     handout = Handout(random.Random(4))
-    handout.refresh(whole, RANDOM)
+    handout.refresh(whole, claimers)
     first = handout.take()
     assert first is not None
-    handout.lost(first.runner_id, whole)
+    handout.lost(first.runner_id, whole)  # a reconciler's tombstone, say
     assert len(taken_all(handout)) == 9 and not handout.passed_over
 
 
