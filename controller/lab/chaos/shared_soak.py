@@ -214,9 +214,7 @@ class SharedSoak(SoakRun):
             for task in watchers:
                 task.cancel()
             await asyncio.gather(*watchers, return_exceptions=True)
-            for process in self.reconcilers:
-                await process.stop()
-            await self.server.stop()
+            await self.stop()
         self.check_controllers()
         self.check_claims()
         return self.report()

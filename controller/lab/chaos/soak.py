@@ -234,6 +234,12 @@ class SoakRun:
                 overdue.append(f"waiting record {path} expired at {record.expires_at}")
         return overdue
 
+    async def stop(self) -> None:
+        """Stop the processes, in their order, then the simulator."""
+        for process in self.processes:
+            await process.stop()
+        await self.server.stop()
+
     def check_controllers(self) -> None:
         """After the run: no exit the driver did not cause, no traceback in a log, and no
         runner written by a process that did not hold the pool's lease."""
@@ -284,7 +290,9 @@ class Soak(SoakRun):
             )
         )
         self.operator_rival = kube is not None
-        self.processes = (self.controller, self.rival)
+        # Stopped in this order: the rival first, so that it takes over none of the leases
+        # the controller gives back as it stops.
+        self.processes = (self.rival, self.controller)
         self.api = ControllerApi(
             self.controller, self.rival, self.violations, random.Random(seed ^ 0xB1A5)
         )
@@ -315,9 +323,7 @@ class Soak(SoakRun):
         finally:
             monitor.cancel()
             await asyncio.gather(monitor, return_exceptions=True)
-            await self.rival.stop()
-            await self.controller.stop()
-            await self.server.stop()
+            await self.stop()
         self.check_controllers()
         return self.report()
 

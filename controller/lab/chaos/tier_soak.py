@@ -146,9 +146,7 @@ class TierSoak(SoakRun):
                 task.cancel()
             await asyncio.gather(*watchers, *trackers, return_exceptions=True)
             await self.balancer.stop()
-            for process in self.processes:
-                await process.stop()
-            await self.server.stop()
+            await self.stop()
         self.check_controllers()
         self.check_tier()
         return self.report()
