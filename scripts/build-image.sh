@@ -21,21 +21,10 @@
 # Builds do not raise rlimits (this machine refuses it). Exits 1 with the build's log when
 # it fails.
 set -euo pipefail
+# shellcheck source=build-common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/build-common.sh"
 
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-script="$root/scripts/$(basename "${BASH_SOURCE[0]}")"
 repository=${POOLKEEPER_IMAGE:-localhost/poolkeeper}
-force=0
-for arg in "$@"; do
-  case "$arg" in
-    --force) force=1 ;;
-    -h | --help) sed -n '2,22p' "$script" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "build-image: unknown argument: $arg" >&2; exit 2 ;;
-  esac
-done
-
-say() { echo "build-image: $*" >&2; }
-die() { say "ERROR: $*"; exit 1; }
 
 [[ $(id -u) == 0 ]] || die "podman builds here as root; run it as root"
 command -v podman >/dev/null || die "podman is not installed (scripts/fetch-node.sh installs it)"

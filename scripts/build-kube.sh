@@ -12,27 +12,15 @@
 # on two cores. It prints what it builds, a line a minute while it runs, and how long it took;
 # on failure it prints the whole build log and exits non-zero.
 set -euo pipefail
+# shellcheck source=build-common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/build-common.sh"
 
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-script="$root/scripts/$(basename "${BASH_SOURCE[0]}")"
 src="$root/tools/kube"
 bin_dir=${KUBE_BIN_DIR:-"$root/.cache/kube/bin"}
 case "$bin_dir" in /*) ;; *) bin_dir="$root/$bin_dir" ;; esac
 names=(
   etcd kube-apiserver kubectl kubelet kube-scheduler kube-controller-manager kube-proxy cri-reset
 )
-force=0
-for arg in "$@"; do
-  case "$arg" in
-    --force) force=1 ;;
-    -h | --help) sed -n '2,13p' "$script" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "build-kube: unknown argument: $arg" >&2; exit 2 ;;
-  esac
-done
-
-say() { echo "build-kube: $*" >&2; }
-die() { say "ERROR: $*"; exit 1; }
-
 command -v go >/dev/null || die "go is not on PATH (tools/kube needs Go >= 1.26)"
 export GOWORK=off CGO_ENABLED=0
 

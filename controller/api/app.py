@@ -11,13 +11,15 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from controller.api.access_log import access_log
-from controller.api.auth import Handler, TokenSet, auth_middleware
+from controller.api.auth import TokenSet, auth_middleware
 from controller.api.execution_routes import EXECUTIONS_KEY, FILES_KEY
 from controller.api.openapi import document
 from controller.api.route import CLAIMS_KEY, DIRECTORY_KEY, RUNNERS_KEY
 from controller.api.routes import METRICS_KEY, OPENAPI_KEY, READY_KEY, ROUTES
+from controller.api.routing import add_routes
 from controller.claims.runners import RunnerClaims
 from controller.claims.service import ClaimService
 from controller.core.readiness import Readiness
@@ -101,9 +103,5 @@ def create_app(
     app[METRICS_KEY] = metrics
     app[READY_KEY] = ready
     app[OPENAPI_KEY] = document()
-    for route in ROUTES:
-        if route.method == "GET":
-            app.router.add_get(route.path, route.handler)  # and HEAD
-        else:
-            app.router.add_route(route.method, route.path, route.handler)
+    add_routes(app, ROUTES)
     return app

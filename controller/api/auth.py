@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import fnmatch
 import hmac
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
+from aiohttp.typedefs import Handler, Middleware
 
 from controller.errors import ErrorCode, ServiceError
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class TokenFileError(ValueError):

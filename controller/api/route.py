@@ -4,19 +4,17 @@ runner route starts with: the runner, checked against the token's scope."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from pydantic import BaseModel
 
 from controller.api.auth import scope
 from controller.claims.runners import RunnerClaims
 from controller.claims.service import ClaimService
 from controller.directory.view import PoolDirectory
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 RUNNER_GONE = "the runner is gone; `reason` says why"
 NOT_CLAIMED = "not a claimed runner (idle, foreign, unknown or malformed ID)"

@@ -335,23 +335,22 @@ def _start(node: KubeNode, deadline: float) -> None:
         "--v", "1",
     ], work)  # fmt: skip
     node._processes.append(kubelet)
-    controllers = spawn("kube-controller-manager", [
-        str(binaries / "kube-controller-manager"),
-        "--kubeconfig", kubeconfig,
-        "--leader-elect=false",
-        "--secure-port", "0",
+
+    def control_plane(program: str, *options: str) -> Process:
+        # Alone on this node: no leader to elect, no port to serve.
+        argv = [str(binaries / program), "--kubeconfig", kubeconfig, "--leader-elect=false",
+                "--secure-port", "0", *options]  # fmt: skip
+        process = spawn(program, argv, work)
+        node._processes.append(process)
+        return process
+
+    controllers = control_plane(
+        "kube-controller-manager",
         "--root-ca-file", str(cluster.ca_file),  # the kube-root-ca.crt ConfigMaps
         "--service-cluster-ip-range", SERVICE_CIDR,
         "--v", "1",
-    ], work)  # fmt: skip
-    node._processes.append(controllers)
-    scheduler = spawn("kube-scheduler", [
-        str(binaries / "kube-scheduler"),
-        "--kubeconfig", kubeconfig,
-        "--leader-elect=false",
-        "--secure-port", "0",
-    ], work)  # fmt: skip
-    node._processes.append(scheduler)
+    )  # fmt: skip
+    control_plane("kube-scheduler")
     proxy_health = free_port()
     proxy = spawn("kube-proxy", [
         str(binaries / "kube-proxy"), "--config", str(_proxy_config(node, proxy_health)),

@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from controller import __version__
-from controller.api.auth import SCOPE_KEY, Handler, Scope, TokenSet, scope
+from controller.api.auth import SCOPE_KEY, Scope, TokenSet, scope
+from controller.api.routing import add_routes
 from controller.claims.service import ClaimRequest
 from controller.core.environments import Environment
 from controller.core.gojson import GoStruct, go_bool, go_int
@@ -386,9 +388,5 @@ def create_poseidon_app(context: Poseidon) -> web.Application:
     """The application to mount at PREFIX."""
     app = web.Application(middlewares=[poseidon_middleware])
     app[POSEIDON_KEY] = context
-    for route in ROUTES:
-        if route.method == "GET":
-            app.router.add_get(route.path, route.handler)  # and HEAD
-        else:
-            app.router.add_route(route.method, route.path, route.handler)
+    add_routes(app, ROUTES)
     return app

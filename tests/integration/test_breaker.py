@@ -29,6 +29,17 @@ def degraded(controller: Controller) -> tuple[str, str, str]:
     return condition.status, condition.reason, condition.message
 
 
+async def opened_breaker(controller: Controller, namespace: str) -> str:
+    """Reconcile the namespace until its pool's breaker opens; the condition's message."""
+
+    async def is_open() -> bool:
+        await controller.engine.reconcile_namespace(namespace)
+        return degraded(controller)[:2] == ("True", "CircuitOpen")
+
+    await wait_until(is_open, what="the breaker to open")
+    return degraded(controller)[2]
+
+
 def destroyed(controller: Controller, reason: str) -> float:
     labels = {"pool": KEY, "reason": reason}
     value = controller.metrics.registry.get_sample_value(
@@ -101,13 +112,7 @@ async def test_failing_starts_open_the_breaker_with_nomads_reason_and_it_closes(
     harness.sim.fail_starts("*", on=True)
     pools = write_pools(tmp_path / "p.yaml", pool_doc("py", idle=2, maxRunners=12))
     controller = await harness.start(pools, resync_seconds=0.5)
-
-    async def is_open() -> bool:
-        await controller.engine.reconcile_namespace("default")
-        return degraded(controller)[:2] == ("True", "CircuitOpen")
-
-    await wait_until(is_open, what="the breaker to open")
-    message = degraded(controller)[2]
+    message = await opened_breaker(controller, "default")
     assert "failed starts in a row" in message
     assert "Driver Failure: Failed to pull `python:3.12-slim`" in message, message
     harness.sim.fail_starts("*", on=False)
@@ -129,13 +134,7 @@ async def test_a_pool_in_a_nomad_namespace_that_does_not_exist_says_so(
     nomad = {"namespace": "nowhere"}
     pools = write_pools(tmp_path / "p.yaml", pool_doc("py", idle=2, maxRunners=12, nomad=nomad))
     controller = await harness.start(pools, resync_seconds=0.5)
-
-    async def is_open() -> bool:
-        await controller.engine.reconcile_namespace("nowhere")
-        return degraded(controller)[:2] == ("True", "CircuitOpen")
-
-    await wait_until(is_open, what="the breaker to open")
-    message = degraded(controller)[2]
+    message = await opened_breaker(controller, "nowhere")
     assert 'is in nonexistent namespace "nowhere"' in message, message
     assert harness.sim.job_list("nowhere") == []
     harness.sim.namespace_registry.upsert({"Name": "nowhere"})

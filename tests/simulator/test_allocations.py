@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from controller.lab.simulator import Simulator
 from tests.simulator.conftest import Client, service_job
 from tests.support.waiting import wait_until
@@ -88,6 +90,41 @@ async def test_pagination_prefix_and_namespace(client: Client, sim: Simulator) -
     assert other_ns == []
     _, all_ns, _ = await client.get("/v1/allocations", namespace="*")
     assert len(all_ns) == 3
+
+
+async def _pages(client: Client, path: str, **params: object) -> list[list[str]]:
+    """The IDs of each page of a list, per_page 2, following X-Nomad-NextToken."""
+    pages: list[list[str]] = []
+    token = None
+    while True:
+        query = {**params, "per_page": 2} | ({"next_token": token} if token else {})
+        status, page, headers = await client.get(path, **query)
+        assert status == 200, page
+        pages.append([item["ID"] for item in page])
+        token = headers.get("X-Nomad-NextToken")
+        if token is None:
+            return pages
+
+
+@pytest.mark.parametrize("path", ["/v1/allocations", "/v1/evaluations"])
+async def test_pages_oldest_first_by_id_with_a_prefix_and_reversed(
+    client: Client, sim: Simulator, path: str
+) -> None:
+    for name in ("a", "b", "c"):
+        await client.register(service_job(name, count=2))
+    await wait_until(lambda: len(sim.allocs) == 6)
+    _, everything, _ = await client.get(path)
+    by_age = [i["ID"] for i in sorted(everything, key=lambda i: (i["CreateIndex"], i["ID"]))]
+    pages = await _pages(client, path)
+    assert [i for page in pages for i in page] == by_age
+    assert all(len(page) == 2 for page in pages[:-1])
+    reversed_pages = await _pages(client, path, reverse="true")
+    assert [i for page in reversed_pages for i in page] == by_age[::-1]
+    prefix = by_age[0][0]
+    with_prefix = sorted(i for i in by_age if i.startswith(prefix))
+    assert [i for page in await _pages(client, path, prefix=prefix) for i in page] == with_prefix
+    got = [i for page in await _pages(client, path, prefix=prefix, reverse="true") for i in page]
+    assert got == with_prefix[::-1]
 
 
 async def test_a_table_never_written_answers_index_0(client: Client) -> None:

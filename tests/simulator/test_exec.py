@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import os
 from collections.abc import AsyncIterator
 
@@ -299,6 +300,36 @@ async def test_shutdown_kills_the_processes_and_removes_the_directories() -> Non
     finally:
         await ws.close()
         await session.close()
+
+
+@pytest.mark.slow
+async def test_shutdown_amid_a_stdin_flood_ends_every_session_without_an_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Many sessions whose clients still flood stdin when the simulator stops: each ends
+    at once, before the HTTP server's own shutdown (which logs an InvalidStateError for a
+    request that ends just as its grace period runs out)."""
+    sim = Simulator(nodes=["n"], seed=2, start_delay=START_DELAY, exec_mode="local")
+    server = await start_sim(sim)
+    chunk = b"x" * (1 << 20)
+
+    async def flood(ws: aiohttp.ClientWebSocketResponse) -> None:
+        while True:
+            await send_stdin(ws, chunk)
+
+    async with aiohttp.ClientSession() as http:
+        alloc_id = await running_alloc(Client(http, server.url), sim)
+        url, query = exec_url(server, alloc_id), exec_params(["sleep", "60"])
+        sockets = [await http.ws_connect(url, params=query) for _ in range(48)]
+        floods = [asyncio.create_task(flood(ws)) for ws in sockets]
+        await asyncio.sleep(2)
+        for task in floods:
+            task.cancel()
+        await asyncio.gather(*floods, return_exceptions=True)
+        await server.stop()
+        for ws in sockets:
+            await ws.close()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
 # ---------------------------------------------------------------------- refusals

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from controller.lab.simulator import Simulator
+from controller.lab.simulator.jobspec import multierror, validation_errors
 from tests.simulator.conftest import Client, service_job
 from tests.support.waiting import wait_until
 
@@ -308,3 +309,31 @@ async def test_scaling_events(client: Client, sim: Simulator) -> None:
     assert (await client.post("/v1/job/ev/scale", {"Count": 1, "Error": True, "Target": target}))[
         :2
     ] == (400, "scaling action should not contain count if error is true")
+
+
+def test_group_and_task_names_are_checked_in_nomads_order() -> None:
+    def task(name: str) -> dict[str, Any]:
+        return {"Name": name, "Driver": "docker"}
+
+    job = {
+        "Region": "global",
+        "ID": "j",
+        "Name": "j",
+        "Namespace": "default",
+        "Type": "system",
+        "Datacenters": ["dc1"],
+        "TaskGroups": [
+            {"Name": "g", "Count": 1, "Tasks": [task("t"), task(""), task("t")]},
+            {"Name": "", "Count": 2, "Tasks": [task("t")]},
+            {"Name": "g", "Count": 3, "Tasks": [task("t")]},
+        ],
+    }
+    # A group's name, then its count; then each group's tasks.
+    assert validation_errors(job) == [
+        "Job task group 2 missing name",
+        "Job task group  has count 2. Count cannot exceed 1 with system scheduler",
+        "Job task group 3 redefines 'g' from group 1",
+        "Job task group g has count 3. Count cannot exceed 1 with system scheduler",
+        "Task group g validation failed: "
+        + multierror(["Task 2 missing name", "Task 3 redefines 't' from task 1"]),
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 
 import jsonschema
@@ -33,6 +34,17 @@ def test_decoding_fills_zero_values_matches_keys_loosely_and_reads_one_value() -
     }
     with pytest.raises(EOFError):
         decode_struct(" \n", REQUEST)
+
+
+@pytest.mark.parametrize("size", [0, 1, 2, 3, 1 << 20])
+@pytest.mark.parametrize("newlines", [False, True])
+def test_base64_data_of_any_length_decodes_whole(size: int, newlines: bool) -> None:
+    data = bytes(range(256)) * (size // 256) + bytes(range(size % 256))
+    text = base64.b64encode(data).decode()
+    if newlines:  # Go skips CR and LF
+        text = "\r\n".join(text[i : i + 76] for i in range(0, len(text), 76)) + "\n"
+    frame = json.dumps({"stdin": {"data": text}})
+    assert decode_struct(frame, REQUEST)["stdin"]["data"] == data
 
 
 @pytest.mark.parametrize(

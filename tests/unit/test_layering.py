@@ -16,7 +16,8 @@
   (`poolkeeper api`) does not even load an engine module, transitively;
 - the Poseidon API (controller/poseidon) is thin over the engine, the claims and the pool
   sources: it reaches Nomad only through them (of controller.nomad it may name only the
-  errors), and of the other front doors it uses only the API tokens (controller.api.auth);
+  errors), and of the other front doors it uses only the API tokens (controller.api.auth)
+  and how an app adds its routes (controller.api.routing);
   the poolkeeper API does not import it;
 - what processes share through Nomad is read and written in controller/records only: no
   other module calls the Variables or Locks port (the Nomad client implements it, and the
@@ -182,7 +183,9 @@ def crd_writer_violations(module: str, imported: str) -> list[str]:
 
 
 # What the Poseidon API may use of the modules it must not reach into.
-POSEIDON_MAY_USE = frozenset({"controller.nomad.errors", "controller.api.auth"})
+POSEIDON_MAY_USE = frozenset(
+    {"controller.nomad.errors", "controller.api.auth", "controller.api.routing"}
+)
 
 
 def poseidon_violations(module: str, imported: str) -> list[str]:

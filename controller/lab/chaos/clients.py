@@ -62,6 +62,19 @@ class Stats:
     claims_ended_unanswered: int = 0  # a retried requestId's claim had ended already
     executions: int = 0  # waited executions that answered with their output
 
+    def figures(self) -> dict[str, Any]:
+        """What every soak's report says of its clients' claims."""
+        return {
+            "claims_served": self.claims_served,
+            "claims_answered_again": self.claims_repeated,
+            "request_ids_repeated": self.repeats,
+            "claims_ended": dict(sorted(self.ended.items())),
+            "keepalives": self.keepalives,
+            "pool_empty_answers": self.pool_empty,
+            "double_claims": self.double_claims,
+            "claims_lost": self.claims_lost,
+        }
+
 
 def _parse_time(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
@@ -105,6 +118,21 @@ def _decoded(violations: Violations, method: str, path: str, status: int, text: 
     return payload
 
 
+async def _ask(
+    http: aiohttp.ClientSession,
+    process: ControllerProcess,
+    method: str,
+    path: str,
+    body: Any,
+    violations: Violations,
+) -> tuple[int, Any]:
+    """One request to `process`: its status and decoded answer, (0, None) for no answer."""
+    status, text, _ = await _send(http, method, process.url + path, body)
+    if status == 0:
+        return 0, None
+    return status, _decoded(violations, method, path, status, text)
+
+
 @dataclass
 class ControllerApi:
     """Requests to the controller, or to the second controller while it runs."""
@@ -120,10 +148,7 @@ class ControllerApi:
         target = self.controller
         if self.rival.proc is not None and self.routing.random() < RIVAL_SHARE:
             target = self.rival
-        status, text, _ = await _send(http, method, target.url + path, body)
-        if status == 0:
-            return 0, None
-        return status, _decoded(self.violations, method, path, status, text)
+        return await _ask(http, target, method, path, body, self.violations)
 
 
 @dataclass
@@ -138,11 +163,7 @@ class AnyApi:
         self, http: aiohttp.ClientSession, method: str, path: str, body: Any = None
     ) -> tuple[int, Any]:
         running = [p for p in self.processes if p.proc is not None] or list(self.processes)
-        target = self.routing.choice(running)
-        status, text, _ = await _send(http, method, target.url + path, body)
-        if status == 0:
-            return 0, None
-        return status, _decoded(self.violations, method, path, status, text)
+        return await _ask(http, self.routing.choice(running), method, path, body, self.violations)
 
 
 @dataclass

@@ -40,8 +40,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-import aiohttp
-
 from controller.core.leases import DEFAULT_TTL_SECONDS, takeover_seconds
 from controller.lab.chaos.clients import AnyApi, Clients, Habits
 from controller.lab.chaos.faults import NomadFaults
@@ -54,7 +52,7 @@ from controller.lab.chaos.processes import (
     pools_file,
 )
 from controller.lab.chaos.schedule import FaultEvent, nomad_faults
-from controller.lab.chaos.soak import SoakRun, percentile
+from controller.lab.chaos.soak import SoakRun, convergence_figures
 from controller.lab.chaos.world import NODES, START_DELAY, many_pools
 from controller.lab.kube import KubeCluster
 from controller.lab.simulator import SimServer, Simulator, start_sim
@@ -197,7 +195,6 @@ class SharedSoak(SoakRun):
     async def run(self) -> dict[str, Any]:
         monitor = asyncio.create_task(self.monitor.run())
         watchers = [monitor]
-        clients: list[asyncio.Task[None]] = []
         try:
             for process in self.reconcilers:
                 await process.start()
@@ -208,27 +205,16 @@ class SharedSoak(SoakRun):
                 "initial spread", INITIAL_BOUND, begun
             )
             watchers.append(asyncio.create_task(self.watch()))
-            async with aiohttp.ClientSession() as http:
-                clients = [
-                    asyncio.create_task(self.clients.work(n, http))
-                    for n in range(self.profile.clients)
-                ]
-                budget = self.minutes * 60 - self.profile.final_reserve_seconds
+            async with self.clients_at_work(self.profile.clients):
                 for index, planned in enumerate(self.plan):
                     await self.play_round(index, planned)
-                    if time.monotonic() - self.started >= budget:
+                    if self.out_of_time(self.profile.final_reserve_seconds):
                         break
-                await self.finish(http)
-                for task in clients:
-                    task.cancel()
-                await asyncio.gather(*clients, return_exceptions=True)
         finally:
-            for task in [*watchers, *clients]:
+            for task in watchers:
                 task.cancel()
-            await asyncio.gather(*watchers, *clients, return_exceptions=True)
-            for process in self.reconcilers:
-                await process.stop()
-            await self.server.stop()
+            await asyncio.gather(*watchers, return_exceptions=True)
+            await self.stop()
         self.check_controllers()
         self.check_claims()
         return self.report()
@@ -411,19 +397,9 @@ class SharedSoak(SoakRun):
             "every_pool_held_again_in_api_faults_seconds": self.takeovers_api_faulted,
             "pool_without_live_holder_seconds_max": round(self.longest_without_live_holder, 2),
             "balanced_after_round_seconds_max": max(balanced, default=None),
-            "convergence_samples": len(self.convergence),
-            "convergence_p50_seconds": percentile(self.convergence, 0.5),
-            "convergence_p99_seconds": percentile(self.convergence, 0.99),
-            "convergence_max_seconds": max(self.convergence, default=None),
-            "claims_served": stats.claims_served,
-            "claims_answered_again": stats.claims_repeated,
-            "request_ids_repeated": stats.repeats,
-            "claims_ended": dict(sorted(stats.ended.items())),
-            "keepalives": stats.keepalives,
-            "pool_empty_answers": stats.pool_empty,
+            **convergence_figures(self.convergence),
+            **stats.figures(),
             "unavailable_answers": stats.unavailable,
-            "double_claims": stats.double_claims,
-            "claims_lost": stats.claims_lost,
             "claims_never_answered": len(self.never_answered()),
             "claims_given_up": stats.claims_given_up,
             "runners_leaked": self.leaked_runners,

@@ -4,10 +4,11 @@ leak check, and the checks of the controllers' exits, logs and writes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,16 @@ def percentile(values: Sequence[float], share: float) -> float | None:
     return round(ordered[rank], 2)
 
 
+def convergence_figures(seconds: Sequence[float]) -> dict[str, Any]:
+    """How long the pools took to converge again after each round, as a report says it."""
+    return {
+        "convergence_samples": len(seconds),
+        "convergence_p50_seconds": percentile(seconds, 0.5),
+        "convergence_p99_seconds": percentile(seconds, 0.99),
+        "convergence_max_seconds": max(seconds, default=None),
+    }
+
+
 async def soak(
     seed: int, minutes: float, workdir: Path, *, operator_rival: bool = False
 ) -> dict[str, Any]:
@@ -96,6 +107,24 @@ class SoakRun:
         self.leaked_records = 0
         self.records_left: dict[str, int] = {}
         self.claimed_request_ids: set[str] = set()  # every requestId a claim in Nomad carried
+
+    @contextlib.asynccontextmanager
+    async def clients_at_work(self, count: int) -> AsyncIterator[None]:
+        """`count` clients at work while the body runs, then the final check (`finish`);
+        the clients are stopped in the end, also when the body fails."""
+        async with aiohttp.ClientSession() as http:
+            clients = [asyncio.create_task(self.clients.work(n, http)) for n in range(count)]
+            try:
+                yield
+                await self.finish(http)
+            finally:
+                for task in clients:
+                    task.cancel()
+                await asyncio.gather(*clients, return_exceptions=True)
+
+    def out_of_time(self, final_reserve_seconds: float) -> bool:
+        """No round may start now: what is left of the run is for the final check."""
+        return time.monotonic() - self.started >= self.minutes * 60 - final_reserve_seconds
 
     async def wait_converged(self, what: str, bound: float) -> dict[str, float] | None:
         """Seconds until each pool converged, or None (a violation) after `bound`."""
@@ -205,6 +234,12 @@ class SoakRun:
                 overdue.append(f"waiting record {path} expired at {record.expires_at}")
         return overdue
 
+    async def stop(self) -> None:
+        """Stop the processes, in their order, then the simulator."""
+        for process in self.processes:
+            await process.stop()
+        await self.server.stop()
+
     def check_controllers(self) -> None:
         """After the run: no exit the driver did not cause, no traceback in a log, and no
         runner written by a process that did not hold the pool's lease."""
@@ -255,7 +290,9 @@ class Soak(SoakRun):
             )
         )
         self.operator_rival = kube is not None
-        self.processes = (self.controller, self.rival)
+        # Stopped in this order: the rival first, so that it takes over none of the leases
+        # the controller gives back as it stops.
+        self.processes = (self.rival, self.controller)
         self.api = ControllerApi(
             self.controller, self.rival, self.violations, random.Random(seed ^ 0xB1A5)
         )
@@ -273,34 +310,20 @@ class Soak(SoakRun):
 
     async def run(self) -> dict[str, Any]:
         monitor = asyncio.create_task(self.monitor.run())
-        clients: list[asyncio.Task[None]] = []
         try:
             await self.controller.start()
             times = await self.wait_converged("initial fill", 60.0)
             self.initial_fill_seconds = max(times.values()) if times else -1.0
-            async with aiohttp.ClientSession() as http:
-                clients = [
-                    asyncio.create_task(self.clients.work(n, http))
-                    for n in range(self.profile.clients)
-                ]
-                budget = self.minutes * 60 - self.profile.final_reserve_seconds
+            async with self.clients_at_work(self.profile.clients):
                 for round_ in self.schedule:
                     await self.play_round(round_)
                     self.rounds_played += 1
-                    if time.monotonic() - self.started >= budget:
+                    if self.out_of_time(self.profile.final_reserve_seconds):
                         break
-                await self.finish(http)
-                for task in clients:
-                    task.cancel()
-                await asyncio.gather(*clients, return_exceptions=True)
         finally:
             monitor.cancel()
             await asyncio.gather(monitor, return_exceptions=True)
-            for task in clients:
-                task.cancel()
-            await self.rival.stop()
-            await self.controller.stop()
-            await self.server.stop()
+            await self.stop()
         self.check_controllers()
         return self.report()
 
@@ -352,12 +375,7 @@ class Soak(SoakRun):
                 for p in self.world.pools
             ],
             "faults_injected": dict(sorted(faults.injected.items())),
-            "claims_served": stats.claims_served,
-            "claims_answered_again": stats.claims_repeated,
-            "request_ids_repeated": stats.repeats,
-            "claims_ended": dict(sorted(stats.ended.items())),
-            "keepalives": stats.keepalives,
-            "pool_empty_answers": stats.pool_empty,
+            **stats.figures(),
             "unavailable_answers": stats.unavailable,
             "controller_restarts": faults.restarts,
             "second_controller_starts": faults.rival_starts,
@@ -366,14 +384,9 @@ class Soak(SoakRun):
             "runner_writes_by_second_controller_as_holder": self.writes_as_holder(self.rival),
             "runner_writes_by_non_holders": len(self.sim.audit.by_non_holders()),
             "initial_fill_seconds": self.initial_fill_seconds,
-            "convergence_samples": len(self.convergence),
-            "convergence_p50_seconds": percentile(self.convergence, 0.5),
-            "convergence_p99_seconds": percentile(self.convergence, 0.99),
-            "convergence_max_seconds": max(self.convergence, default=None),
+            **convergence_figures(self.convergence),
             "runners_leaked": self.leaked_runners,
             "request_records_leaked": self.leaked_records,
-            "double_claims": stats.double_claims,
-            "claims_lost": stats.claims_lost,
             "max_runners_excess": self.monitor.max_excess,
             "job_registrations": self.sim.registrations(),
             "controller_error_log_lines": len(self.controller.error_lines())

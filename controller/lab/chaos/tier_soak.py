@@ -30,8 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-import aiohttp
-
 from controller.lab.chaos.balancer import Balancer, server_name
 from controller.lab.chaos.clients import BalancedApi, Clients, Habits
 from controller.lab.chaos.faults import FaultedRunners
@@ -128,7 +126,6 @@ class TierSoak(SoakRun):
 
     async def run(self) -> dict[str, Any]:
         watchers = [asyncio.create_task(self.monitor.run()), asyncio.create_task(self.watch())]
-        clients: list[asyncio.Task[None]] = []
         trackers: list[asyncio.Task[None]] = []
         try:
             await self.reconciler.start()
@@ -138,28 +135,18 @@ class TierSoak(SoakRun):
                 await replica.start()
             await self.balancer.start()
             await self.wait_in_rotation(set(range(REPLICAS)), "the replicas to start")
-            async with aiohttp.ClientSession() as http:
-                self.clients.resume()
-                clients = [
-                    asyncio.create_task(self.clients.work(n, http))
-                    for n in range(self.profile.clients)
-                ]
+            self.clients.resume()
+            async with self.clients_at_work(self.profile.clients):
                 trackers = await self.play_kills()
                 await asyncio.gather(*trackers)
                 await asyncio.sleep(self.profile.settle_seconds)
                 await self.clients.pause()
-                await self.finish(http)
-                for task in clients:
-                    task.cancel()
-                await asyncio.gather(*clients, return_exceptions=True)
         finally:
-            for task in [*watchers, *clients, *trackers]:
+            for task in [*watchers, *trackers]:
                 task.cancel()
             await asyncio.gather(*watchers, *trackers, return_exceptions=True)
             await self.balancer.stop()
-            for process in self.processes:
-                await process.stop()
-            await self.server.stop()
+            await self.stop()
         self.check_controllers()
         self.check_tier()
         return self.report()
@@ -291,15 +278,8 @@ class TierSoak(SoakRun):
             "back_in_rotation_seconds_max": _longest(kills, "back_in_rotation_at"),
             **summary,
             "claim_retries_taking_over_logged": self.takeovers_logged(),
-            "claims_served": stats.claims_served,
-            "claims_answered_again": stats.claims_repeated,
-            "request_ids_repeated": stats.repeats,
-            "claims_ended": dict(sorted(stats.ended.items())),
-            "keepalives": stats.keepalives,
+            **stats.figures(),
             "executions": stats.executions,
-            "pool_empty_answers": stats.pool_empty,
-            "double_claims": stats.double_claims,
-            "claims_lost": stats.claims_lost,
             "claims_never_answered": len(self.never_answered()),
             "claims_given_up": stats.claims_given_up,
             "claims_ended_before_answered": stats.claims_ended_unanswered,

@@ -67,30 +67,13 @@ class AllocRoutes(RouteGroup):
             allocs = [a for a in allocs if a["Namespace"] == ns]
         elif self.sim.acl_enabled:
             allocs = [a for a in allocs if visible(a["Namespace"])]
-        token_of: Callable[[JSON], Any]
         if prefix:
-            allocs = sorted(
-                (a for a in allocs if a["ID"].startswith(prefix)), key=lambda a: a["ID"]
-            )
-            token_of = _id_token
-            start: Any = request.query.get("next_token") or None
-        else:
-            token_of = _index_token
-            allocs.sort(key=_index_token)  # nearly sorted already: cheap
-            start = _parse_index_token(request.query.get("next_token"))
-        if reverse:
-            allocs.reverse()
-            if start is not None:
-                allocs = [a for a in allocs if token_of(a) <= start]
-                start = None
-        page, nxt = paginate(allocs, token_of, start, per_page, query.keep)
+            allocs = [a for a in allocs if a["ID"].startswith(prefix)]
+        page, nxt = _page(request, allocs, prefix, reverse, per_page, query.keep)
         stubs = self._stubs.array(
             page, (task_states, resources), lambda a: alloc_stub(a, task_states, resources)
         )
-        resp = reply_raw(stubs, query.index)
-        if nxt is not None:
-            resp.headers["X-Nomad-NextToken"] = nxt if prefix else f"{nxt[0]}.{nxt[1]}"
-        return resp
+        return _with_next_token(reply_raw(stubs, query.index), nxt)
 
     async def alloc_read(
         self, request: web.Request, p: dict[str, str], t: JSON | None
@@ -125,20 +108,9 @@ class AllocRoutes(RouteGroup):
             if (e["Namespace"] == ns or (ns == "*" and visible(e["Namespace"])))
             and e["ID"].startswith(prefix)
         ]
-        # As Nomad's paginator: oldest first (by ID with a prefix), `reverse` the other way.
-        token_of: Callable[[JSON], Any] = _id_token if prefix else _index_token
-        start: Any = request.query.get("next_token") or None
-        if not prefix:
-            start = _parse_index_token(start)
-        evals.sort(key=token_of, reverse=parse_bool(request, "reverse"))
-        if parse_bool(request, "reverse") and start is not None:
-            evals = [e for e in evals if token_of(e) <= start]
-            start = None
-        page, nxt = paginate(evals, token_of, start, per_page, query.keep)
-        resp = reply([eval_view(e) for e in page], query.index)
-        if nxt is not None:
-            resp.headers["X-Nomad-NextToken"] = nxt if prefix else f"{nxt[0]}.{nxt[1]}"
-        return resp
+        reverse = parse_bool(request, "reverse")
+        page, nxt = _page(request, evals, prefix, reverse, per_page, query.keep)
+        return _with_next_token(reply([eval_view(e) for e in page], query.index), nxt)
 
     async def evals_delete(
         self, request: web.Request, p: dict[str, str], t: JSON | None
@@ -259,6 +231,37 @@ def _ids(value: Any) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise bad_request("Failed to decode request body: allocation IDs must be strings")
     return value
+
+
+def _page(
+    request: web.Request,
+    items: list[JSON],
+    prefix: str,
+    reverse: bool,
+    per_page: int,
+    keep: Callable[[JSON], bool] | None,
+) -> tuple[list[JSON], str | None]:
+    """One page as Nomad's paginator cuts it: oldest first (by ID with a prefix, else by
+    CreateIndex), `reverse` the other way, from the request's next_token; and the token of
+    the next page (None on the last)."""
+    token_of: Callable[[JSON], Any] = _id_token if prefix else _index_token
+    start: Any = request.query.get("next_token") or None
+    if not prefix:
+        start = _parse_index_token(start)
+    items = sorted(items, key=token_of, reverse=reverse)
+    if reverse and start is not None:
+        items = [i for i in items if token_of(i) <= start]
+        start = None
+    page, nxt = paginate(items, token_of, start, per_page, keep)
+    if nxt is None:
+        return page, None
+    return page, nxt if prefix else f"{nxt[0]}.{nxt[1]}"
+
+
+def _with_next_token(resp: web.Response, token: str | None) -> web.Response:
+    if token is not None:
+        resp.headers["X-Nomad-NextToken"] = token
+    return resp
 
 
 def _index_token(obj: JSON) -> tuple[int, str]:

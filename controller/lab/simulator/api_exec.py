@@ -99,6 +99,7 @@ class ExecRoutes(ClientRoutes):
         except ApiError as exc:
             await socket.refuse(exc)
             return ws
+        self.sim.sandboxes.serving(request.task)
         await ExecSession(socket, box, process).run()
         return ws
 
@@ -264,6 +265,10 @@ class ExecSession:
 
     async def _forward_input(self) -> None:
         while (raw := await self.socket.receive()) is not None:
+            if self.process.lost:
+                # Its node went away (or the simulator stops): the frames still in flight
+                # are not decoded, so that the session ends at once.
+                return
             try:
                 frame = decode_struct(raw, _REQUEST)
             except EOFError:

@@ -269,14 +269,7 @@ def validation_errors(job: JSON) -> list[str]:
     seen: dict[str, int] = {}
     for idx, group in enumerate(groups, 1):
         group_name = group.get("Name") or ""
-        if not group_name:
-            errors.append(f"Job task group {idx} missing name")
-        elif group_name in seen:
-            errors.append(
-                f"Job task group {idx} redefines '{group_name}' from group {seen[group_name]}"
-            )
-        else:
-            seen[group_name] = idx
+        errors += _name_errors(group_name, idx, seen, "Job task group", "group")
         if job.get("Type") == "system" and (group.get("Count") or 0) > 1:
             errors.append(
                 f"Job task group {group_name} has count {group['Count']}. "
@@ -298,13 +291,7 @@ def _group_errors(group: JSON) -> list[str]:
         problems.append("Missing tasks for task group")
     seen: dict[str, int] = {}
     for idx, task in enumerate(tasks, 1):
-        task_name = task.get("Name") or ""
-        if not task_name:
-            problems.append(f"Task {idx} missing name")
-        elif task_name in seen:
-            problems.append(f"Task {idx} redefines '{task_name}' from task {seen[task_name]}")
-        else:
-            seen[task_name] = idx
+        problems += _name_errors(task.get("Name") or "", idx, seen, "Task", "task")
     for task in tasks:
         if not task.get("Driver"):
             problems.append(
@@ -312,6 +299,17 @@ def _group_errors(group: JSON) -> list[str]:
                 + multierror(["Missing task driver"])
             )
     return problems
+
+
+def _name_errors(name: str, idx: int, seen: dict[str, int], what: str, kind: str) -> list[str]:
+    """Nomad's check of the name of the idx-th (from 1) group of a job or task of a group:
+    it has one, and no earlier one has it (`seen`: the names so far, which it joins)."""
+    if not name:
+        return [f"{what} {idx} missing name"]
+    if name in seen:
+        return [f"{what} {idx} redefines '{name}' from {kind} {seen[name]}"]
+    seen[name] = idx
+    return []
 
 
 def multierror(errors: list[str]) -> str:

@@ -13,6 +13,7 @@ and write whatever the simulator can.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -93,6 +94,8 @@ class Sandboxes:
         self.exec_mode = exec_mode
         self._root = ""
         self._boxes: dict[str, Sandbox] = {}
+        # The connections of running execs, which the simulator's shutdown waits for.
+        self._sessions: set[asyncio.Task[None]] = set()
         store.after_commit.append(self._after_commit)
 
     # ------------------------------------------------------------------ the server's view
@@ -150,6 +153,11 @@ class Sandboxes:
         with open(os.path.join(box.path, "alloc", "logs", f"{task}.{stream}.0"), "ab") as log:
             log.write(data)
 
+    def serving(self, connection: asyncio.Task[None]) -> None:
+        """An exec's connection (the task serving it) runs until its session ends."""
+        self._sessions.add(connection)
+        connection.add_done_callback(self._sessions.discard)
+
     def shutdown(self) -> None:
         """The simulator stops: every process dies as with its node, the root goes."""
         for box in self._boxes.values():
@@ -158,6 +166,12 @@ class Sandboxes:
         if self._root:
             shutil.rmtree(self._root, ignore_errors=True)
             self._root = ""
+
+    async def sessions_ended(self, limit: float) -> None:
+        """Wait (up to `limit` seconds) until the exec connections have closed, which
+        they do once shutdown() has killed their processes."""
+        if self._sessions:
+            await asyncio.wait(set(self._sessions), timeout=limit)
 
     # ------------------------------------------------------------------ lifecycle
     def _after_commit(self, txn: Txn) -> None:

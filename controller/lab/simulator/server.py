@@ -28,9 +28,14 @@ class SimServer:
         self.sim.broker.close()
         await asyncio.sleep(0)  # the streams write their end
         self.sim.shutdown()
+        # The exec sessions end with their killed processes. aiohttp's shutdown gives a
+        # request still in progress a grace period and logs an InvalidStateError for one
+        # that ends just as that period runs out: let them end first.
+        await self.sim.sandboxes.sessions_ended(_SHUTDOWN_TIMEOUT)
         await self.runner.cleanup()
 
 
+_SHUTDOWN_TIMEOUT = 0.5  # seconds a request in progress may take to end
 GO_MAX_HEADER_BYTES = 1 << 20  # net/http's DefaultMaxHeaderBytes, which Nomad's agent keeps
 
 
@@ -46,7 +51,7 @@ async def start_sim(
     runner = web.AppRunner(
         build_app(sim),
         access_log=None,
-        shutdown_timeout=0.5,
+        shutdown_timeout=_SHUTDOWN_TIMEOUT,
         # As Go's HTTP server reads a request: up to 1 MiB of request line and headers
         # (an exec's command travels in its URL).
         max_line_size=GO_MAX_HEADER_BYTES,
