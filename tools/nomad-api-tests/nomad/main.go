@@ -9,7 +9,8 @@
 //     when another test may have been given the same free port,
 //   - ACLs enforced when `acl.enabled` (`--acl-enabled`),
 //   - one client node named `name` when the agent runs a client (`-dev`, or
-//     `client.enabled`), none otherwise (`--no-client`).
+//     `client.enabled`), none otherwise (`--no-client`), registered in the whole second
+//     after this program's start, as a real agent's is no sooner.
 //
 // The simulator runs as this program's child and stops with it: SIGINT or SIGTERM are
 // passed on (and this program exits as the simulator does); when this program's parent,
@@ -73,6 +74,12 @@ func main() {
 	if err != nil {
 		fail(err.Error())
 	}
+	// A real agent registers its client node a second or more after it starts (it
+	// fingerprints the host first), and Nomad's tests rely on that: TestNodes_Info wants
+	// the node's StatusUpdatedAt, in whole seconds, later than a time taken before the
+	// agent started. The simulator registers its node as it starts, within a second of
+	// this program's start, so it starts in the next whole second (the port is held).
+	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second)))
 	program := os.Getenv("POOLKEEPER")
 	if program == "" {
 		if program, err = exec.LookPath("poolkeeper"); err != nil {
