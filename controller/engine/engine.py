@@ -243,7 +243,7 @@ class Engine:
         managed = self._registry.get(key)
         if managed is None:
             return self.leases.speaker()
-        return self.leases.state(key).speaks_here(managed.resource, self.leases.speaker())
+        return self.leases.state(key).speaks_here(managed.resource, self.leases.speaker(key))
 
     async def purge_ended(self, key: str, runner_id: str, namespace: str, state: str) -> None:
         """Purge the job of a runner whose claim just became a tombstone (`state`: why),

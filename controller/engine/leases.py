@@ -122,9 +122,15 @@ class Leases:
                 self._soon(self._balance())  # the pools it defines changed: its share too
         lease.spec_hash, lease.resource = spec_hash, resource
 
-    def speaker(self) -> bool:
-        """Whether this process speaks for pools nobody holds a lease of (a pool never
-        valid): the first of the live reconcilers by identity, so one writes its status."""
+    def speaker(self, key: str | None = None) -> bool:
+        """Whether this process speaks for pool `key` while nobody holds its lease, so
+        that one process writes its status: the live reconciler whose share it is (a lease
+        this process just gave to another's share is that one's to speak for, also
+        before it has taken it); for a pool in nobody's share (never valid, or the shares
+        unknown), the first of the live reconcilers by identity."""
+        lease = self._leases.get(key) if key is not None else None
+        if lease is not None and lease.spec_hash and self._target is not None:
+            return lease.key in self._target
         return not self._live or min(self._live) == self.identity
 
     def wanted(self, namespace: str) -> set[str]:

@@ -230,7 +230,9 @@ class Reconciler:
         if self.leases is None or not managed.resource:
             return False
         state = self.leases.state(managed.key)
-        return not state.held and state.speaks_here(managed.resource, self.leases.speaker())
+        return not state.held and state.speaks_here(
+            managed.resource, self.leases.speaker(managed.key)
+        )
 
     def _scope(
         self, pools: list[ManagedPool], watched: list[ManagedPool]

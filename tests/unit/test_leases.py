@@ -529,3 +529,30 @@ async def test_a_lease_nomad_would_not_take_back_is_renewed_and_given_back_later
         await wait_until(lambda: path not in port.held, within=5, what="the lease given back")
     finally:
         await leases.stop(release=False)
+
+
+async def test_a_lease_given_to_another_reconcilers_share_is_not_spoken_for_here() -> None:
+    """A pool whose lease this process gave back because it is another live reconciler's
+    share is that one's to speak for (write its status), also before it has taken the
+    lease: the first reconciler by identity speaks only for pools in nobody's share. (The
+    old holder wrote the status of a pool it had just given away, after its new holder.)"""
+    port = BlockingLocks()
+    both = frozenset({KEY})
+    members = FixedMembers({"host/1": both, "other/2": both}, {KEY: "host/1"})
+    leases = Leases(
+        lease_records(port, ttl=0.3), "host/1", lambda event: None,
+        on_change=lambda ns: None, members=members,
+    )  # fmt: skip
+    leases.want(KEY, "default", "spec-a", "RunnerPool default/py.312")
+    leases.start()
+    try:
+        await wait_until(lambda: leases.holds(KEY), within=5, what="the lease taken")
+        members.membership = Membership({"host/1": both, "other/2": both}, {KEY: "other/2"})
+        await wait_until(lambda: lease_path(KEY) not in port.held, within=5, what="a release")
+        state = leases.state(KEY)
+        assert state.standing is LeaseStanding.FREE  # other/2 has not taken it yet
+        assert not state.speaks_here("RunnerPool default/py.312", leases.speaker(KEY))
+        # A pool in nobody's share: the first live reconciler by identity, this one.
+        assert leases.speaker("default/never-valid")
+    finally:
+        await leases.stop(release=False)
