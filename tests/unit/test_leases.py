@@ -494,6 +494,11 @@ class FixedMembers(Members):
     async def live(self, *, collect: bool = True) -> Membership:
         return Membership(dict(self.membership.defines), dict(self.membership.holders))
 
+    def hand_over(self, key: str, holder: str) -> None:
+        """The pool goes to `holder`'s share (the balancer keeps a pool with its holder)."""
+        holders = {**self.membership.holders, key: holder}
+        self.membership = Membership(dict(self.membership.defines), holders)
+
 
 class BlockingLocks(FakeLocks):
     """FakeLocks whose blocking query waits, as Nomad's does (followers then pace)."""
@@ -505,7 +510,8 @@ class BlockingLocks(FakeLocks):
         return await super().wait_variable(path, namespace, index, wait_seconds)
 
 
-async def test_a_lease_nomad_would_not_take_back_is_renewed_and_given_back_later() -> None:
+def two_members_sharing_the_pool() -> tuple[BlockingLocks, FixedMembers, Leases]:
+    """host/1's leases (TTL 0.3 s), KEY defined by host/1 and other/2 and held by host/1."""
     port = BlockingLocks()
     both = frozenset({KEY})
     members = FixedMembers({"host/1": both, "other/2": both}, {KEY: "host/1"})
@@ -513,6 +519,11 @@ async def test_a_lease_nomad_would_not_take_back_is_renewed_and_given_back_later
         lease_records(port, ttl=0.3), "host/1", lambda event: None,
         on_change=lambda ns: None, members=members,
     )  # fmt: skip
+    return port, members, leases
+
+
+async def test_a_lease_nomad_would_not_take_back_is_renewed_and_given_back_later() -> None:
+    port, members, leases = two_members_sharing_the_pool()
     leases.want(KEY, "default", "spec-a")
     leases.start()
     path = lease_path(KEY)
@@ -520,7 +531,7 @@ async def test_a_lease_nomad_would_not_take_back_is_renewed_and_given_back_later
         await wait_until(lambda: leases.holds(KEY), within=5, what="the lease taken")
         # The pool goes to the other reconciler's share while Nomad has no leader.
         port.down = True
-        members.membership = Membership({"host/1": both, "other/2": both}, {KEY: "other/2"})
+        members.hand_over(KEY, "other/2")
         await wait_until(lambda: ("release", path) in port.calls, within=5, what="a release")
         assert not leases.holds(KEY)  # not written meanwhile
         port.down = False
@@ -536,18 +547,12 @@ async def test_a_lease_given_to_another_reconcilers_share_is_not_spoken_for_here
     share is that one's to speak for (write its status), also before it has taken the
     lease: the first reconciler by identity speaks only for pools in nobody's share. (The
     old holder wrote the status of a pool it had just given away, after its new holder.)"""
-    port = BlockingLocks()
-    both = frozenset({KEY})
-    members = FixedMembers({"host/1": both, "other/2": both}, {KEY: "host/1"})
-    leases = Leases(
-        lease_records(port, ttl=0.3), "host/1", lambda event: None,
-        on_change=lambda ns: None, members=members,
-    )  # fmt: skip
+    port, members, leases = two_members_sharing_the_pool()
     leases.want(KEY, "default", "spec-a", "RunnerPool default/py.312")
     leases.start()
     try:
         await wait_until(lambda: leases.holds(KEY), within=5, what="the lease taken")
-        members.membership = Membership({"host/1": both, "other/2": both}, {KEY: "other/2"})
+        members.hand_over(KEY, "other/2")
         await wait_until(lambda: lease_path(KEY) not in port.held, within=5, what="a release")
         state = leases.state(KEY)
         assert state.standing is LeaseStanding.FREE  # other/2 has not taken it yet
