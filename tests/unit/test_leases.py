@@ -510,11 +510,12 @@ class BlockingLocks(FakeLocks):
         return await super().wait_variable(path, namespace, index, wait_seconds)
 
 
-def two_members_sharing_the_pool() -> tuple[BlockingLocks, FixedMembers, Leases]:
-    """host/1's leases (TTL 0.3 s), KEY defined by host/1 and other/2 and held by host/1."""
+def sharing_the_pool_with(other: str) -> tuple[BlockingLocks, FixedMembers, Leases]:
+    """host/1's leases (TTL 0.3 s), KEY defined by host/1 and `other` and in host/1's
+    share."""
     port = BlockingLocks()
     both = frozenset({KEY})
-    members = FixedMembers({"host/1": both, "other/2": both}, {KEY: "host/1"})
+    members = FixedMembers({"host/1": both, other: both}, {KEY: "host/1"})
     leases = Leases(
         lease_records(port, ttl=0.3), "host/1", lambda event: None,
         on_change=lambda ns: None, members=members,
@@ -523,7 +524,7 @@ def two_members_sharing_the_pool() -> tuple[BlockingLocks, FixedMembers, Leases]
 
 
 async def test_a_lease_nomad_would_not_take_back_is_renewed_and_given_back_later() -> None:
-    port, members, leases = two_members_sharing_the_pool()
+    port, members, leases = sharing_the_pool_with("other/2")
     leases.want(KEY, "default", "spec-a")
     leases.start()
     path = lease_path(KEY)
@@ -542,12 +543,29 @@ async def test_a_lease_nomad_would_not_take_back_is_renewed_and_given_back_later
         await leases.stop(release=False)
 
 
+async def test_a_free_lease_in_this_reconcilers_share_is_spoken_for_here() -> None:
+    """A pool in this process's share whose lease nobody holds yet (Nomad refuses to lock
+    it) is this process's to speak for, also when another live reconciler comes first by
+    identity: the pool's status has one writer, the one that is to take its lease."""
+    port, _, leases = sharing_the_pool_with("a/0")
+    leases.want(KEY, "default", "spec-a", "RunnerPool default/py.312")
+    port.down = True
+    leases.start()
+    try:
+        await wait_until(lambda: leases.speaker(KEY), within=5, what="this share spoken for")
+        assert not leases.holds(KEY) and lease_path(KEY) not in port.held
+        # A pool in nobody's share: the first live reconciler by identity, a/0.
+        assert not leases.speaker("default/never-valid")
+    finally:
+        await leases.stop(release=False)
+
+
 async def test_a_lease_given_to_another_reconcilers_share_is_not_spoken_for_here() -> None:
     """A pool whose lease this process gave back because it is another live reconciler's
     share is that one's to speak for (write its status), also before it has taken the
     lease: the first reconciler by identity speaks only for pools in nobody's share. (The
     old holder wrote the status of a pool it had just given away, after its new holder.)"""
-    port, members, leases = two_members_sharing_the_pool()
+    port, members, leases = sharing_the_pool_with("other/2")
     leases.want(KEY, "default", "spec-a", "RunnerPool default/py.312")
     leases.start()
     try:
