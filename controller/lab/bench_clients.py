@@ -38,6 +38,7 @@ from controller.lab import bench
 from controller.lab.bench import NAMESPACE, Child, Result, ms, percentile
 from controller.nomad.client import DEFAULT_MAX_CONNECTIONS
 from controller.serving import HTTP_IDLE_TIMEOUT_SECONDS
+from controller.tasks import freeze_startup_heap
 
 # What the trivial handler answers: about the size of a claim's answer.
 FLOOR_ANSWER = b'{"runnerId": "' + b"x" * 380 + b'"}'
@@ -131,6 +132,7 @@ async def _serve_until_stopped(conn: Connection, app: web.Application, path: str
     runner = web.AppRunner(app, access_log=None, keepalive_timeout=HTTP_IDLE_TIMEOUT_SECONDS)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
+    freeze_startup_heap()  # set up as the replica is, so that floor and claim compare alike
     conn.send(f"http://127.0.0.1:{runner.addresses[0][1]}{path}")
     await asyncio.get_running_loop().run_in_executor(None, bench.wait_for_parent, conn)
     await runner.cleanup()

@@ -21,6 +21,7 @@ from typing import Any
 
 from controller.lab import bench
 from controller.lab.bench import Child, PassiveController, Run, ratio, repeated
+from controller.tasks import freeze_startup_heap
 
 STATS = "stats"
 START_SECONDS = 120.0
@@ -53,6 +54,7 @@ async def _reconcile(
     loop = asyncio.get_running_loop()
     async with bench.standalone(sim_url, documents, resync_seconds=resync) as controller:
         registry = controller.metrics.registry
+        freeze_startup_heap()  # as `poolkeeper run` does once started
         conn.send("ready")
         while await loop.run_in_executor(None, bench.receive, conn) == STATS:
             readiness = controller.readiness()

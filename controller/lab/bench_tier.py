@@ -39,6 +39,7 @@ from controller.lab.chaos.balancer import Balancer
 from controller.lab.chaos.processes import free_port
 from controller.nomad.config import NomadConfig
 from controller.standalone import Controller
+from controller.tasks import freeze_startup_heap
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,9 @@ async def _api_serve(conn: Connection, sim_url: str) -> None:
 
     settings = ServingSettings(listen=("127.0.0.1", 0), insecure_no_auth=True)
     tier = ApiTier(settings, NomadConfig.from_env({"NOMAD_ADDR": sim_url}))
-    conn.send(await tier.start())
+    url = await tier.start()
+    freeze_startup_heap()  # as `poolkeeper api` does once started
+    conn.send(url)
     await asyncio.get_running_loop().run_in_executor(None, bench.wait_for_parent, conn)
     await tier.stop()
 
@@ -137,6 +140,7 @@ async def _reconcile_serve(conn: Connection, sim_url: str, options: ReconcilerOp
                 await asyncio.sleep(0)  # let a release in between two passes
 
         looping: asyncio.Task[None] | None = None
+        freeze_startup_heap()  # as `poolkeeper run` does once started
         conn.send("ready")
         while True:
             command = await loop.run_in_executor(None, bench.receive, conn)
