@@ -28,6 +28,9 @@ async def test_what_a_served_process_built_to_start_is_kept_out_of_full_collecti
         dropped.append(weakref.ref(Cycle()))  # garbage of its start
         started.set()
 
+    async def stop() -> None:
+        pass
+
     gc.disable()  # only the collections the code under test makes
     served = asyncio.create_task(serve_until_stopped(start, stop, lambda: None, "stop"))
     try:
@@ -41,7 +44,3 @@ async def test_what_a_served_process_built_to_start_is_kept_out_of_full_collecti
         served.cancel()
         gc.unfreeze()
         gc.enable()
-
-
-async def stop() -> None:
-    pass
