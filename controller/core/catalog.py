@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from controller.core.demand import StartSample
-from controller.core.offers import Offer, Offered
+from controller.core.offers import EMPTY, Offer, Offered
 from controller.core.times import format_time, parse_time
 
 # Nomad refuses a variable whose items (keys and values) add up to more than 64 KiB.
@@ -89,7 +89,9 @@ class CatalogRecord:
         return other is not None and _content(self) == _content(other)
 
     @classmethod
-    def from_items(cls, items: Mapping[str, Any]) -> CatalogRecord:
+    def from_items(cls, items: Mapping[str, Any], before: Offer = EMPTY) -> CatalogRecord:
+        """The record its items say; `before`: the offer of its last read, whose runners
+        that are offered alike again are taken over (decode_offer)."""
         try:
             document = json.loads(items["document"])
             status = json.loads(items["status"])
@@ -103,7 +105,7 @@ class CatalogRecord:
                 document=document,
                 active=items["active"] == "true",
                 status=status,
-                offer=decode_offer(json.loads(items["offer"])),
+                offer=decode_offer(json.loads(items["offer"]), before),
                 draining_nodes={
                     str(name): parse_time(when) if when else None for name, when in nodes.items()
                 },
@@ -183,10 +185,12 @@ def _common_prefix(texts: list[str]) -> str:
     return low[:length]
 
 
-def decode_offer(value: Any) -> Offer:
+def decode_offer(value: Any, before: Offer = EMPTY) -> Offer:
     """An offer in the compact form above, or in the earlier one a holder of the previous
     release still writes during an upgrade: no `prefix` or `nodes`, every row `[runner ID,
-    allocation ID, restarts, node name]`."""
+    allocation ID, restarts, node name]`. A runner `before` offered alike is its object
+    again: a record changes by a runner or two at a time, and building every runner anew
+    was most of an API replica's work in following the catalog."""
     if not isinstance(value, dict):
         raise CatalogError("offer must be an object")
     earlier = "prefix" not in value and "nodes" not in value
@@ -216,11 +220,26 @@ def decode_offer(value: Any) -> Offer:
                 raise CatalogError(f"an offered runner's IDs must be strings: {row!r}")
             if not isinstance(restarts, int):
                 raise CatalogError(f"an offered runner's restarts must be a number: {row!r}")
-            start = StartSample(int(row[4]), float(row[5])) if len(row) == 6 else None
-            found.append(Offered(prefix + suffix, allocation_id, restarts, node_name(row), start))
+            runner_id, node = prefix + suffix, node_name(row)
+            start = (int(row[4]), float(row[5])) if len(row) == 6 else None
+            runner = known.get(runner_id)
+            if runner is None or (
+                runner.allocation_id,
+                runner.allocation_restarts,
+                runner.node_name,
+                _start_fields(runner.start),
+            ) != (allocation_id, restarts, node, start):
+                sample = StartSample(*start) if start is not None else None
+                runner = Offered(runner_id, allocation_id, restarts, node, sample)
+            found.append(runner)
         return tuple(found)
 
+    known = before.by_id
     return Offer(offered(value.get("current")), offered(value.get("rest")))
+
+
+def _start_fields(start: StartSample | None) -> tuple[int, float] | None:
+    return (start.registered_ns, start.seconds) if start is not None else None
 
 
 # Why the doorbell rang.

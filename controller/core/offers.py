@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from controller.core.demand import StartSample, runner_start
 from controller.core.views import AllocationView, Runner, RunnerState
@@ -42,6 +43,10 @@ class Offer:
 
     def __len__(self) -> int:
         return len(self.current) + len(self.rest)
+
+    @cached_property
+    def by_id(self) -> Mapping[str, Offered]:
+        return {o.runner_id: o for o in (*self.current, *self.rest)}
 
     def capped(self, most: int) -> Offer:
         """At most `most` runners, the current ones first."""

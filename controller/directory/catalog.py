@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from controller.core.catalog import CLAIMS, CatalogError, CatalogRecord
 from controller.core.claims import ClaimState
-from controller.core.offers import Offer
+from controller.core.offers import EMPTY, Offer
 from controller.core.problems import PoolProblem, Problem
 from controller.core.runner_ids import is_runner_id
 from controller.core.times import utcnow
@@ -152,17 +152,24 @@ class CatalogDirectory:
 
     def _decode(self, path: str, variable: Mapping[str, Any]) -> CatalogPool | None:
         """The record as a pool; one that does not decode is said once and the last read
-        stays."""
+        stays. What did not change since the last read (its runners, its pool) is taken
+        over, not decoded again."""
         index = int(variable.get("ModifyIndex", 0))
+        known = self._known.get(path)
+        last = known.value if known is not None else None
         try:
-            record = CatalogRecord.from_items(variable.get("Items") or {})
-            pool = RunnerPool.parse_document(record.document) if record.document else None
+            record = CatalogRecord.from_items(
+                variable.get("Items") or {}, last.offer if last is not None else EMPTY
+            )
+            if last is not None and last.record.document == record.document:
+                pool = last.pool
+            else:
+                pool = RunnerPool.parse_document(record.document) if record.document else None
         except (CatalogError, ValidationError) as error:
             if (path, index) not in self._warned:
                 self._warned.add((path, index))
                 log.warning("catalog record %s ignored (the last read stays): %s", path, error)
-            last = self._known.get(path)
-            return last.value if last is not None else None
+            return last
         waiting = self._waiting.get(record.key)
         if waiting is None:
             waiting = self._waiting[record.key] = WaitingClaims()

@@ -87,6 +87,28 @@ async def test_the_api_tier_holds_no_lease_and_reads_only_the_catalog(harness, t
     assert (status, ready["serves"], ready["reconciles"]) == (200, ["claims"], [])
 
 
+async def test_a_catalog_record_read_again_keeps_what_did_not_change(harness, tmp_path):
+    """The pool's record changes with each runner claimed or started: the replica takes
+    over the pool and the runners it read before, instead of decoding them again."""
+    await reconciler(harness, tmp_path)
+    tier = await harness.start_api_tier()
+    await wait_until(
+        lambda: len(tier.directory.pools["default/py"].offer) == 3,
+        what="the replica to read every idle runner",
+    )
+    before = tier.directory.pools["default/py"]
+    status, claim = await harness.api(tier, "POST", CLAIMS, {})
+    assert status == 201, claim
+    await wait_until(
+        lambda: claim["runnerId"] not in tier.directory.pools["default/py"].offer.runner_ids,
+        what="the replica to read the record without the claimed runner",
+    )
+    after = tier.directory.pools["default/py"]
+    assert after is not before and after.pool is before.pool
+    stayed = before.offer.runner_ids - {claim["runnerId"]}
+    assert stayed and all(after.offer.by_id[r] is before.offer.by_id[r] for r in stayed)
+
+
 async def test_a_request_id_retried_on_another_replica_answers_the_same_runner(
     harness: Harness, tmp_path
 ):

@@ -192,6 +192,27 @@ def test_an_offer_in_the_earlier_form_still_decodes() -> None:
     assert CatalogRecord.from_items(items).offer == record().offer
 
 
+def test_runners_offered_alike_again_are_taken_over_from_the_last_read() -> None:
+    """A record is read again each time one of its runners changes: the others are the
+    objects the last read built, and what decodes is the same as a read from nothing."""
+    last = CatalogRecord.from_items(
+        record(offer=Offer(offered(5, "py-", start=True))).to_items()
+    ).offer
+    kept, restarted, moved, restamped, gone = last.current
+    changed = (
+        dataclasses.replace(restarted, allocation_restarts=restarted.allocation_restarts + 1),
+        dataclasses.replace(moved, node_name="nomad-client-999"),
+        dataclasses.replace(restamped, start=StartSample(1, 2.0)),
+    )
+    added = offered(1, "py-", start=False, first=9)
+    items = record(offer=Offer((kept, *changed), added)).to_items()
+    decoded = CatalogRecord.from_items(items, last).offer
+    assert decoded == CatalogRecord.from_items(items).offer == Offer((kept, *changed), added)
+    assert decoded.current[0] is kept
+    assert not any(a is b for a in (*decoded.current[1:], *decoded.rest) for b in last.current)
+    assert gone.runner_id not in decoded.runner_ids
+
+
 def waiting(replica: str, arrivals: int, abandoned: int, expires: datetime) -> WaitingRecord:
     return WaitingRecord(
         replica, {"default/py": (NOW,) * arrivals}, {"default/py": abandoned}, expires
