@@ -158,10 +158,11 @@ class Reconciler:
         acting = await self._acting(namespace, pools)
         if scope is not None:  # a lease taken now whose pool was not listed: next pass
             acting = [m for m in acting if m.policy.job_prefix in scope]
+        held = {m.key for m in acting}  # by key: comparing pools whole compares their specs
         watched = [
             m
             for m in pools
-            if (m in acting or self._speaks_unheld(m))
+            if (m.key in held or self._speaks_unheld(m))
             and (scope is None or m.policy.job_prefix in scope)
         ]
         self.nodes = {node.id: node for node in observed.nodes}
@@ -180,12 +181,13 @@ class Reconciler:
         await self.drains.sync(acting)
         outcomes = await asyncio.gather(
             *(
-                self._pool_pass(m, by_pool[m.key], now, observation_started, m in acting)
+                self._pool_pass(m, by_pool[m.key], now, observation_started, m.key in held)
                 for m in watched
             )
         )
+        observed_keys = {m.key for m in watched}
         for managed in pools:
-            if managed not in watched:
+            if managed.key not in observed_keys:
                 await self._leave_unobserved(managed, now)
         for managed in self.registry.in_namespace(namespace):
             if managed.conflict is not None:
