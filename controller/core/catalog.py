@@ -199,6 +199,7 @@ def decode_offer(value: Any, before: Offer = EMPTY) -> Offer:
         raise CatalogError("an offer's prefix must be a string")
     if not earlier and not (isinstance(nodes, list) and all(isinstance(n, str) for n in nodes)):
         raise CatalogError("an offer's nodes must be a list of names")
+    known = before.by_id
 
     def node_name(row: list[Any]) -> str:
         node = row[3]
@@ -234,7 +235,6 @@ def decode_offer(value: Any, before: Offer = EMPTY) -> Offer:
             found.append(runner)
         return tuple(found)
 
-    known = before.by_id
     return Offer(offered(value.get("current")), offered(value.get("rest")))
 
 
