@@ -87,7 +87,7 @@ class JobRoutes(RouteGroup):
         sim = self.sim
         visible = sim.namespace_filter(t, ns, "list-jobs")
         records = [
-            sim.jobs[k] for k in sim.job_keys(ns) if k[1].startswith(query.prefix) and visible(k[0])
+            sim.jobs[k] for k in sim.job_keys(ns, query.prefix) if visible(k[0])
         ]
         page, next_token = paginate(
             records,

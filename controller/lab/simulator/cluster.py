@@ -177,8 +177,8 @@ class Simulator:
     def job_summary(self, rec: JobRecord) -> JSON:
         return self.job_registry.job_summary(rec)
 
-    def job_keys(self, namespace: str) -> list[JobKey]:
-        return self.job_registry.job_keys(namespace)
+    def job_keys(self, namespace: str, prefix: str = "") -> list[JobKey]:
+        return self.job_registry.job_keys(namespace, prefix)
 
     # ------------------------------------------------------------------ allocations
     def alloc(self, alloc_id: str) -> JSON:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import time
 from collections import deque
@@ -182,7 +183,9 @@ class EventBroker:
         oldest = self.buffer[0].seq
         if seq < oldest:
             raise StreamDropped("event dropped from buffer")
-        return list(self.buffer)[seq - oldest :]
+        # From the newest end: a subscriber reads the few items since its last read, and
+        # copying the whole buffer for them made each read cost the buffer's size.
+        return list(itertools.islice(reversed(self.buffer), self.next_seq - seq))[::-1]
 
     async def wait(self, seq: int, seconds: float) -> None:
         if seq < self.next_seq:

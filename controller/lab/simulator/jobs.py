@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import bisect
 import copy
 import time
 from collections.abc import Callable
@@ -11,6 +10,7 @@ from typing import Any
 
 from controller.lab.simulator.deployments import ACTIVE
 from controller.lab.simulator.jobspec import canonicalize, spec_of
+from controller.lab.simulator.keys import SortedKeys
 from controller.lab.simulator.scheduler import Scheduler
 from controller.lab.simulator.store import JobKey, JobRecord, Store
 from controller.lab.simulator.util import JSON, ApiError, bad_request, not_found, now_ns
@@ -26,7 +26,7 @@ class JobRegistry:
     def __init__(self, store: Store, scheduler: Scheduler) -> None:
         self.store = store
         self.scheduler = scheduler
-        self._keys: list[JobKey] = []  # sorted, for namespace and prefix listings
+        self._keys = SortedKeys()
 
     def record(self, namespace: str, job_id: str) -> JobRecord:
         rec = self.store.jobs.get((namespace, job_id))
@@ -34,12 +34,8 @@ class JobRegistry:
             raise not_found("job")
         return rec
 
-    def job_keys(self, namespace: str) -> list[JobKey]:
-        if namespace == "*":
-            return self._keys
-        lo = bisect.bisect_left(self._keys, (namespace, ""))
-        hi = bisect.bisect_left(self._keys, (namespace + "\x00", ""))
-        return self._keys[lo:hi]
+    def job_keys(self, namespace: str, prefix: str = "") -> list[JobKey]:
+        return self._keys.listed(namespace, prefix)
 
     def lose_state(self) -> None:
         """Store.lose_state: no job."""
@@ -113,7 +109,7 @@ class JobRegistry:
         if rec is None:
             rec = JobRecord(key, [], txn.index)
             store.jobs[key] = rec
-            bisect.insort(self._keys, key)
+            self._keys.add(key)
             store.counters["jobs_created"] += 1
         job.update(
             Version=rec.job["Version"] + 1 if rec.versions else 0,

@@ -8,11 +8,11 @@ from Nomad's source and which are inferred.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import re
 from dataclasses import dataclass
 from typing import Any
 
+from controller.lab.simulator.keys import SortedKeys
 from controller.lab.simulator.store import Store
 from controller.lab.simulator.util import (
     JSON,
@@ -50,14 +50,13 @@ class VariableRegistry:
     def __init__(self, store: Store, lock_time_scale: float = 1.0) -> None:
         self.store = store
         self.vars: dict[VarKey, JSON] = {}
-        self._keys: list[VarKey] = []  # sorted, for namespace and prefix listings
+        self._keys = SortedKeys()
         self.locks: dict[VarKey, HeldLock] = {}
         # Real seconds per lock second: tests shrink Nomad's 10 s minimum TTL this way.
         self.lock_time_scale = lock_time_scale
 
     def var_keys(self, namespace: str, prefix: str) -> list[VarKey]:
-        keys = self._keys if namespace == "*" else [k for k in self._keys if k[0] == namespace]
-        return [k for k in keys if k[1].startswith(prefix)]
+        return self._keys.listed(namespace, prefix)
 
     def lose_state(self) -> None:
         """Store.lose_state: no variable, no lock (their timers stop)."""
@@ -224,7 +223,7 @@ class VariableRegistry:
         if lock is not None:
             var["Lock"] = lock
         if current is None:
-            bisect.insort(self._keys, key)
+            self._keys.add(key)
         self.vars[key] = var
         self.store.counters["variable_writes"] += 1
         txn.put("Variables", key[1], var_meta(var), "vars")
