@@ -56,6 +56,8 @@ async def test_tokens_and_permissions(acl_client: Client) -> None:
     assert await _as(c, ro, "GET", "/v1/allocations") == 200
     assert await _as(c, ro, "PUT", "/v1/jobs", {"Job": service_job("x")}) == 403
     assert await _as(c, ro, "GET", "/v1/acl/tokens") == 403
+    assert await _as(c, ro, "PUT", "/v1/system/gc") == 403  # management only, as in Nomad
+    assert await _as(c, mgmt, "PUT", "/v1/system/gc") == 200
     assert await _as(c, ro, "GET", "/v1/event/stream") == 403  # `*` topics need management
     async with c.session.get(c.url + "/v1/acl/tokens", headers=mgmt) as resp:
         listed = await resp.json()

@@ -278,3 +278,37 @@ async def test_an_operator_fails_pauses_and_resumes_a_deployment(
         400,
         "Deployment ID does not match",
     )
+
+
+async def test_garbage_collection_reaps_what_nothing_runs_any_more(
+    client: Client, sim: Simulator
+) -> None:
+    await client.register(service_job("kept", count=2))
+    await client.register(service_job("purged"))
+    await client.register(service_job("stopped"))
+    await wait_until(lambda: {a["ClientStatus"] for a in sim.allocs.values()} == {"running"})
+    kept = {a["ID"] for a in sim.allocations("kept")}
+    assert (await client.delete("/v1/job/purged", purge="true"))[0] == 200
+    assert (await client.delete("/v1/job/stopped"))[0] == 200
+    await wait_until(
+        lambda: (
+            len(sim.allocs) == 4
+            and all(
+                a["ClientStatus"] == "complete" for a in sim.allocs.values() if a["ID"] not in kept
+            )
+        )
+    )
+    _, evals_before, _ = await client.get("/v1/evaluations")
+    _, _, headers = await client.get("/v1/allocations")
+    before = int(headers["X-Nomad-Index"])
+
+    status, _, _ = await client.put("/v1/system/gc")
+    assert status == 200
+    _, allocs, headers = await client.get("/v1/allocations")
+    assert {a["ID"] for a in allocs} == kept  # what runs stays
+    assert int(headers["X-Nomad-Index"]) > before  # the reap moved the table's index
+    _, jobs, _ = await client.get("/v1/jobs")
+    assert [j["ID"] for j in jobs] == ["kept"]  # the stopped job was dead: reaped
+    _, evals, _ = await client.get("/v1/evaluations")
+    assert {e["JobID"] for e in evals} == {"kept"} and len(evals) < len(evals_before)
+    assert (await client.put("/v1/system/reconcile/summaries"))[0] == 200

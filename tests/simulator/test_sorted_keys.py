@@ -31,9 +31,7 @@ def test_a_listing_is_what_a_scan_of_every_key_finds(
         elif not add and key in model:
             keys.remove(key)
             model.discard(key)
-    expected = sorted(
-        k for k in model if namespace in ("*", k[0]) and k[1].startswith(prefix)
-    )
+    expected = sorted(k for k in model if namespace in ("*", k[0]) and k[1].startswith(prefix))
     assert keys.listed(namespace, prefix) == expected
     assert list(keys) == sorted(model)
 

@@ -38,6 +38,20 @@ class AgentRoutes(RouteGroup):
             **put_or_post(self.scheduler_config_set),
         )
         r(r"/v1/metrics", GET=self.metrics)
+        r(r"/v1/system/gc", **put_or_post(self.system_gc))
+        r(r"/v1/system/reconcile/summaries", **put_or_post(self.reconcile_summaries))
+
+    async def system_gc(
+        self, request: web.Request, p: dict[str, str], t: JSON | None
+    ) -> web.Response:
+        self.sim.collect_garbage()
+        return web.Response(status=200)
+
+    async def reconcile_summaries(
+        self, request: web.Request, p: dict[str, str], t: JSON | None
+    ) -> web.Response:
+        # Job summaries are counted from the allocations when read: nothing to reconcile.
+        return web.Response(status=200)
 
     async def leader(self, request: web.Request, p: dict[str, str], t: JSON | None) -> web.Response:
         return reply(f"{self.sim.advertise}:4647")

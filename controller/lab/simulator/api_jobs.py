@@ -86,9 +86,7 @@ class JobRoutes(RouteGroup):
         per_page = parse_int(request, "per_page") or 0
         sim = self.sim
         visible = sim.namespace_filter(t, ns, "list-jobs")
-        records = [
-            sim.jobs[k] for k in sim.job_keys(ns, query.prefix) if visible(k[0])
-        ]
+        records = [sim.jobs[k] for k in sim.job_keys(ns, query.prefix) if visible(k[0])]
         page, next_token = paginate(
             records,
             lambda rec: f"{rec.key[0]}.{rec.key[1]}",

@@ -62,6 +62,8 @@ RULES: dict[str, Rule] = {
     "AgentRoutes.agent_members": coarse("node"),
     "AgentRoutes.scheduler_config": coarse("operator"),
     "AgentRoutes.scheduler_config_set": coarse("operator", write=True),
+    "AgentRoutes.system_gc": MANAGEMENT,
+    "AgentRoutes.reconcile_summaries": MANAGEMENT,
     "AgentRoutes.namespaces": IN_HANDLER,  # lists the namespaces the token may use
     "AgentRoutes.namespace_read": IN_HANDLER,  # a namespace the token may use
     "AgentRoutes.namespace_write": MANAGEMENT,

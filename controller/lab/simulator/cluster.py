@@ -293,6 +293,9 @@ class Simulator:
     async def finish_allocation(self, alloc_id: str, failed: bool = False) -> None:
         self.clients.finish_allocation(alloc_id, failed)
 
+    def collect_garbage(self) -> None:
+        self.job_registry.collect_garbage()
+
     async def remove_job_silently(self, job_id: str, namespace: str = "default") -> None:
         self.job_registry.remove_job_silently(job_id, namespace)
 

@@ -12,7 +12,7 @@ from controller.lab.simulator.deployments import ACTIVE
 from controller.lab.simulator.jobspec import canonicalize, spec_of
 from controller.lab.simulator.keys import SortedKeys
 from controller.lab.simulator.scheduler import Scheduler
-from controller.lab.simulator.store import JobKey, JobRecord, Store
+from controller.lab.simulator.store import TERMINAL, JobKey, JobRecord, Store
 from controller.lab.simulator.util import JSON, ApiError, bad_request, not_found, now_ns
 
 ENFORCE_PREFIX = "Enforcing job modify index"
@@ -428,6 +428,55 @@ class JobRegistry:
             "CreateIndex": rec.create_index,
             "ModifyIndex": rec.job["ModifyIndex"],
         }
+
+    # ------------------------------------------------------------------ garbage
+    def collect_garbage(self) -> None:
+        """What Nomad's forced garbage collection (`PUT /v1/system/gc`: the core
+        scheduler's passes with no age threshold) removes: stopped jobs that are dead;
+        terminal allocations nothing runs any more (their job gone or stopped, told to
+        stop, or replaced); terminal evaluations and deployments none of whose allocations
+        is left. Reaping publishes no event; the tables' indexes move."""
+        store = self.store
+        txn = store.txn("GarbageCollected")
+        for key, rec in list(store.jobs.items()):
+            if rec.job.get("Stop") and store.job_status(rec) == "dead":
+                self._forget(key)
+                txn.tables.add("jobs")
+        for key, alloc_ids in list(store.job_allocs.items()):
+            for alloc_id in list(alloc_ids):
+                if self._collectable(store.allocs[alloc_id], store.jobs.get(key)):
+                    alloc = store.allocs.pop(alloc_id)
+                    del alloc_ids[alloc_id]
+                    store.node_allocs[alloc["NodeID"]].pop(alloc_id, None)
+                    self.scheduler.placement.release(alloc_id)
+                    txn.tables.add("allocs")
+            if not alloc_ids:
+                del store.job_allocs[key]
+        kept = {alloc["EvalID"] for alloc in store.allocs.values()}
+        kept_deployments = {alloc.get("DeploymentID") for alloc in store.allocs.values()}
+        for eval_id, ev in list(store.evals.items()):
+            if ev["Status"] in ("complete", "failed", "canceled") and eval_id not in kept:
+                del store.evals[eval_id]
+                txn.tables.add("evals")
+        for deployment_id, deployment in list(store.deployments.items()):
+            if deployment["Status"] in ("successful", "failed", "cancelled") and (
+                deployment_id not in kept_deployments
+            ):
+                del store.deployments[deployment_id]
+                txn.tables.add("deployment")
+        if txn.tables:
+            store.commit(txn)
+        else:
+            store.discard(txn)
+
+    @staticmethod
+    def _collectable(alloc: JSON, rec: JobRecord | None) -> bool:
+        return alloc["ClientStatus"] in TERMINAL and (
+            rec is None
+            or bool(rec.job.get("Stop"))
+            or alloc["DesiredStatus"] != "run"
+            or bool(alloc.get("NextAllocation"))
+        )
 
     # ------------------------------------------------------------------ fault
     def remove_job_silently(self, job_id: str, namespace: str = "default") -> None:
