@@ -445,6 +445,16 @@ async def wait_for(check: Callable[[], bool], within: float, what: str) -> None:
         await asyncio.sleep(0.05)
 
 
+async def collect_garbage(http: aiohttp.ClientSession, sim_url: str) -> None:
+    """Nomad's forced garbage collection (`PUT /v1/system/gc`): the allocations and
+    evaluations the runners released so far left terminal are reaped, so that each
+    measured window starts from the state its size says. A Nomad collects them within
+    the hour (`eval_gc_threshold`); a bench releases hours' worth in minutes, and every
+    pass and the simulator would read more of them window by window."""
+    async with http.put(f"{sim_url}/v1/system/gc") as response:
+        response.raise_for_status()
+
+
 async def release_claimed(controller: Controller | PassiveController, within: float) -> None:
     """Release every claimed runner and wait until the pools are back to their declared
     size, so each claim level starts from the same pool rather than one that grew by

@@ -32,6 +32,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Protocol
 
+import aiohttp
+
 from controller.lab import bench
 from controller.lab.bench import Result, Run, ms, percentile, ratio, repeated
 from controller.lab.bench_clients import Samples, relay
@@ -69,6 +71,8 @@ class Embedded:
 
     async def settle(self) -> None:
         await bench.release_claimed(self.controller, SETTLE_SECONDS)
+        async with aiohttp.ClientSession() as http:
+            await bench.collect_garbage(http, self.sim_url)
 
 
 def blocks(total: int, size: int) -> Iterator[int]:

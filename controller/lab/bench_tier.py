@@ -253,6 +253,7 @@ class Tier:
         """Release every claimed runner, wait until the pools are back at their declared
         size, and until every replica offers them so."""
         await self._command(RELEASE, RELEASE)
+        await bench.collect_garbage(self._http, self.sim_url)
         for url in self.urls:
             await self.offered(url)
 
