@@ -130,7 +130,11 @@ FULL = Sizes(
     claim_pool_idle=1000,
     claim_rounds=1000,
     claim_block=250,
-    concurrent_claims=1000,
+    # Fewer than the pool holds: a burst that empties it ends in a claim answered at once
+    # (`PoolEmpty`) through one replica, but waiting for the refill through two (one of
+    # them still offered the other's runners), and the CPU windows then compared a
+    # burst with a burst plus a refill.
+    concurrent_claims=990,
     concurrency=(1, 10, 50),
     refill_claims=100,
     refill_idle=20,
