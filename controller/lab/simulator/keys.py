@@ -5,7 +5,6 @@ every key made the simulator slower with each claim a bench left behind)."""
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
 
 Key = tuple[str, str]
 
@@ -13,9 +12,6 @@ Key = tuple[str, str]
 class SortedKeys:
     def __init__(self) -> None:
         self._keys: list[Key] = []
-
-    def __iter__(self) -> Iterator[Key]:
-        return iter(self._keys)
 
     def add(self, key: Key) -> None:
         bisect.insort(self._keys, key)
